@@ -1,0 +1,39 @@
+"""The backend interface: where trials run, and which knobs that hardware can honour."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from autotune.space import SearchSpace
+from autotune.trial import Job
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    """Contract:
+    - `unavailable()` says why this backend cannot run here (None when it can): packages or hardware missing.
+    - `adapt_space(space)` returns the space restricted to what the backend can honour; every removed value or
+      dimension carries its reason in `SearchSpace.dropped`, nothing is faked.
+    - `run(job, timeout_s)` executes a Job and returns its result dict; a crash, hang or error in the job comes
+      back as {"status": "error", "reason": ...}, never as an exception.
+    - `fingerprint()` describes the hardware and software that produced the figures.
+    `measured` is False for backends whose figures are predictions (the simulator)."""
+
+    name: str = ""
+    measured: bool = True
+
+    @abstractmethod
+    def unavailable(self) -> str | None: ...
+
+    @abstractmethod
+    def adapt_space(self, space: SearchSpace) -> SearchSpace: ...
+
+    @abstractmethod
+    def run(self, job: Job, timeout_s: float) -> dict: ...
+
+    @abstractmethod
+    def fingerprint(self) -> dict: ...
+
+    def hardware_name(self) -> str:
+        """A short, stable name of the hardware class, used in recipe paths."""
+        return self.fingerprint()["hardware"]

@@ -1,0 +1,162 @@
+"""Continuous batching: admit requests up to the batch size, prefill them together, decode all running rows together."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from autotune.engine.kv_cache import PagedKVCache
+from autotune.engine.model import EngineModel
+
+__all__ = ["Request", "Completion", "Runner", "Sampling"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Greedy when temperature is 0."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    eos_token_id: int | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Completion:
+    request: Request
+    output_ids: list[int] = field(default_factory=list)
+    arrival: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
+
+
+class _Running:
+    __slots__ = ("seq_id", "completion", "length", "generator")
+
+    def __init__(self, seq_id: int, completion: Completion, length: int, generator: torch.Generator | None) -> None:
+        self.seq_id, self.completion, self.length, self.generator = seq_id, completion, length, generator
+
+
+def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    # logits: [vocab] in fp32
+    if sampling.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class Runner:
+    """Runs requests through an EngineModel with a paged cache, `max_batch` sequences at a time.
+
+    `pad_batch` keeps every decode step at `max_batch` rows (static shapes for compiled graphs); padded rows
+    write to the cache's scratch page and are ignored."""
+
+    def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False) -> None:
+        self.model, self.cache, self.max_batch, self.pad_batch = model, cache, max_batch, pad_batch
+        model.attach(cache)
+        self._next_id = 0
+
+    def _admit(self, completions: list[Completion]) -> list[_Running]:
+        """Prefill several prompts in one forward: [seqs, longest prompt], right-padded."""
+        cache = self.cache
+        width = max(len(c.request.prompt_ids) for c in completions)
+        ids = torch.zeros(len(completions), width, dtype=torch.long)
+        slots = torch.zeros(len(completions), width, dtype=torch.long)  # pads write to the scratch page
+        lengths = torch.empty(len(completions), dtype=torch.long)
+        admitted = []
+        for i, completion in enumerate(completions):
+            req = completion.request
+            seq_id, self._next_id = self._next_id, self._next_id + 1
+            n = len(req.prompt_ids)
+            cache.allocate(seq_id, n, n + req.max_new_tokens)
+            ids[i, :n] = torch.tensor(req.prompt_ids)
+            slots[i, :n] = cache.slots(seq_id, 0, n)
+            lengths[i] = n
+            gen = None
+            if req.sampling.temperature > 0:
+                gen = torch.Generator()
+                gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
+            admitted.append(_Running(seq_id, completion, n, gen))
+        logits = self.model.prefill(ids, slots, lengths)
+        for i, running in enumerate(admitted):
+            self._append(running, _pick(logits[i], running.completion.request.sampling, running.generator))
+        return admitted
+
+    def _append(self, running: _Running, token: int) -> None:
+        c = running.completion
+        c.output_ids.append(token)
+        c.token_times.append(time.perf_counter())
+        req = c.request
+        produced = len(c.output_ids)
+        if produced >= req.max_new_tokens:
+            c.finish_reason = "length"
+        elif produced >= req.min_new_tokens and (token == req.eos_token_id or token in req.stop_ids):
+            c.finish_reason = "stop"
+
+    def _decode_step(self, rows: list[_Running]) -> None:
+        cache = self.cache
+        batch = self.max_batch if self.pad_batch else len(rows)
+        tokens = torch.zeros(batch, dtype=torch.long)
+        positions = torch.zeros(batch, dtype=torch.long)
+        slots = torch.zeros(batch, dtype=torch.long)
+        table = torch.zeros(batch, cache.pages_per_seq, dtype=torch.long)
+        lengths = torch.ones(batch, dtype=torch.long)
+        for i, r in enumerate(rows):
+            pos = r.length  # the last sampled token is written at this position
+            cache.extend(r.seq_id, pos + 1)
+            tokens[i] = r.completion.output_ids[-1]
+            positions[i] = pos
+            table[i] = torch.tensor(cache.block_row(r.seq_id))
+            slots[i] = int(table[i, pos // cache.page_size]) * cache.page_size + pos % cache.page_size
+            lengths[i] = pos + 1
+        context = cache.pages_per_seq * cache.page_size
+        mask = (torch.arange(context) < lengths[:, None]).view(1, batch, 1, context)
+        logits = self.model.decode(tokens, positions, slots, table, mask)
+        for i, r in enumerate(rows):
+            r.length += 1
+            self._append(r, _pick(logits[i], r.completion.request.sampling, r.generator))
+
+    def run(self, requests: list[Request]) -> list[Completion]:
+        """All requests arrive now; returns their completions in request order."""
+        now = time.perf_counter()
+        completions = [Completion(r, arrival=now) for r in requests]
+        waiting = deque(completions)
+        running: list[_Running] = []
+        while waiting or running:
+            batch = []
+            while waiting and len(running) + len(batch) < self.max_batch and self.cache.can_admit(
+                    len(waiting[0].request.prompt_ids) + waiting[0].request.max_new_tokens):
+                batch.append(waiting.popleft())
+            if batch:
+                running.extend(self._admit(batch))
+            done = [r for r in running if r.completion.finish_reason]
+            for r in done:
+                self.cache.free(r.seq_id)
+            running = [r for r in running if not r.completion.finish_reason]
+            if running:
+                self._decode_step(running)
+        return completions

@@ -1,0 +1,56 @@
+"""The paged KV cache: what each policy reserves, and page bookkeeping."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.engine.kv_cache import OutOfPages, PagedKVCache
+
+# SmolLM2-135M's cache geometry: 30 layers, 3 KV heads of 64, bf16.
+SMOL = dict(num_layers=30, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16)
+
+
+def _reserve(policy: str, page_size: int = 128, requests: int = 8, tokens: int = 128) -> PagedKVCache:
+    cache = PagedKVCache(page_size=page_size, policy=policy, max_seq_len=2048, max_batch=requests, **SMOL)
+    for seq in range(requests):
+        cache.allocate(seq, tokens)
+    return cache
+
+
+def test_on_demand_reserves_a_small_fraction_of_preallocate_for_short_requests():
+    on_demand, prealloc = _reserve("on_demand"), _reserve("preallocate")
+    # 8 requests of 128 tokens against a 2,048-token maximum: preallocate holds 16 pages a sequence.
+    assert prealloc.reserved_bytes >= 8 * 2048 * 2 * 30 * 3 * 64 * 2
+    assert on_demand.reserved_bytes / prealloc.reserved_bytes < 0.15
+    print(f"on_demand {on_demand.reserved_bytes / 2**20:.1f} MiB vs preallocate {prealloc.reserved_bytes / 2**20:.1f} MiB")
+
+
+def test_pages_follow_tokens_and_are_reused_after_free():
+    cache = PagedKVCache(page_size=16, policy="on_demand", max_seq_len=256, max_batch=2, **SMOL)
+    cache.allocate(0, 20)
+    assert cache.pages_in_use == 2
+    assert cache.extend(0, 32) is False and cache.extend(0, 33) is True and cache.pages_in_use == 3
+    cache.free(0)
+    before = cache.num_pages
+    cache.allocate(1, 40)
+    assert cache.num_pages == before and cache.pages_in_use == 3
+
+
+def test_pool_policy_is_fixed_and_refuses_beyond_it():
+    cache = PagedKVCache(page_size=16, policy="pool", max_seq_len=64, max_batch=2, pool_tokens=64, **SMOL)
+    size = cache.reserved_bytes
+    cache.allocate(0, 20, max_tokens=40)  # reserves its whole length: 3 pages
+    assert cache.pages_in_use == 3 and cache.extend(0, 40) is False
+    assert cache.can_admit(16) and not cache.can_admit(17)
+    cache.allocate(1, 16, max_tokens=16)
+    with pytest.raises(OutOfPages):
+        cache.extend(1, 17)
+    assert cache.reserved_bytes == size
+
+
+def test_slots_address_the_sequence_pages():
+    cache = PagedKVCache(page_size=4, policy="on_demand", max_seq_len=64, max_batch=2, **SMOL)
+    cache.allocate(0, 6)
+    pages = cache.block_row(0)[:2]
+    assert cache.slots(0, 0, 6).tolist() == [pages[0] * 4 + i for i in range(4)] + [pages[1] * 4, pages[1] * 4 + 1]
+    assert 0 not in pages  # page 0 is the scratch page of padded rows

@@ -1,0 +1,73 @@
+"""Search spaces as data: the default file, conditions, restrictions, and errors that name file and line."""
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.config import DeployConfig
+from autotune.errors import SpaceError
+from autotune.space import DEFAULT_SPACE, load_space
+
+
+def test_default_space_has_every_knob_and_a_valid_baseline():
+    space = load_space(DEFAULT_SPACE)
+    assert [d.name for d in space.dimensions] == ["quant", "fusion_level", "layers_per_subgraph", "batch_size",
+                                                  "page_size", "kv_policy", "device_power"]
+    assert {d.name for d in space.dimensions if d.numerics} == {"quant", "fusion_level", "layers_per_subgraph"}
+    base = space.baseline_params()
+    assert "layers_per_subgraph" not in base  # eager: the split does not apply
+    assert DeployConfig.from_params(base) == DeployConfig(batch_size=8, page_size=128, kv_policy="on_demand",
+                                                          device_power=8)
+
+
+def test_conditional_dimension_only_when_fused():
+    space = load_space(DEFAULT_SPACE)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        params = space.suggest(trial)
+        assert ("layers_per_subgraph" in params) == (params["fusion_level"] != "O0")
+        DeployConfig.from_params(params)  # every suggestion is a valid configuration
+        seen.add(params["fusion_level"])
+        study.tell(trial, 0.0)
+    assert seen == {"O0", "O1", "O2"}
+
+
+def test_restrict_records_what_was_dropped_and_why():
+    space = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "2 cores")
+    assert space.dimension("device_power").values == (1, 2)
+    assert "2 cores" in space.dropped["device_power"] and "[4, 8]" in space.dropped["device_power"]
+    dropped = space.restrict("page_size", (), "no paged cache on this backend")
+    assert "page_size" not in {d.name for d in dropped.dimensions}
+    assert dropped.dropped["page_size"].startswith("dropped")
+
+
+def test_grid_size_counts_conditional_dimensions_once():
+    # quant 4 x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x power 4
+    assert load_space(DEFAULT_SPACE).grid_size() == 4 * (1 + 2 * 5) * 5 * 5 * 3 * 4
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("dimensions:\n  quant:\n    values: [bf16, fp7]\n", 3, "fp7"),
+    ("dimensions:\n  quant: {values: [bf16]}\n  colour:\n    values: [red]\n", 3, "unknown dimension 'colour'"),
+    ("dimensions:\n  batch_size:\n    values: [8, -1]\n", 3, "-1"),
+    ("dimensions:\n  quant:\n    values: [bf16\n  page_size: 3\n", 4, "not valid YAML"),
+    ("dimensions:\n  fusion_level: {values: [O0, O1]}\n  layers_per_subgraph:\n    values: [1]\n"
+     "    when: {batch_size: [1]}\n", 5, "must be defined above"),
+    ("dimensions:\n  quant: {values: [bf16]}\nbaseline:\n  quant: w8a16\n", 4, "not among"),
+    ("dimensions:\n  quant:\n    values: [bf16]\n    numerics: false\n", 4, "numerics is True"),
+    ("versoin: 1\ndimensions: {}\n", 1, "unknown section 'versoin'"),
+])
+def test_bad_space_names_file_and_line(tmp_path, text, line, words):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    with pytest.raises(SpaceError) as err:
+        load_space(path)
+    assert str(err.value).startswith(f"{path}:{line}:"), str(err.value)
+    assert words in str(err.value)
+
+
+def test_missing_space_file_is_a_clear_error(tmp_path):
+    with pytest.raises(SpaceError, match="cannot read"):
+        load_space(tmp_path / "nope.yaml")
