@@ -116,7 +116,8 @@ def _drift(engine: Engine, reference: Reference, prompts: list[list[int]]) -> tu
     new = len(reference.drift_tokens[0])
     # The configuration's own batch size: compiled graphs are then the ones the benchmark uses.
     runner = engine.runner(max_seq_len=max(map(len, prompts)) + new)
-    outs = runner.run([Request(p, new, min_new_tokens=new) for p in prompts])
+    eos = engine.model.eos_token_id
+    outs = runner.run([Request(p, new, min_new_tokens=new, eos_token_id=eos) for p in prompts])
     agree = first = 0
     first = new
     for out, ref in zip(outs, reference.drift_tokens):

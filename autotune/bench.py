@@ -50,7 +50,9 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
     before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them."""
     runner = engine.runner(max_seq_len=workload.max_seq_len,
                            pool_tokens=engine.config.batch_size * workload.max_seq_len)
-    requests = [Request(p, workload.output_tokens, min_new_tokens=workload.output_tokens) for p in prompts]
+    eos = engine.model.eos_token_id
+    requests = [Request(p, workload.output_tokens, min_new_tokens=workload.output_tokens, eos_token_id=eos)
+                for p in prompts]
     reset_peak()
     started = time.perf_counter()
     for i in range(warmup):

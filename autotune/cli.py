@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", help="run (or resume) a study")
     s.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face folder")
     s.add_argument("--backend", default="cpu")
+    s.add_argument("--hardware", default=None, help="hardware profile, for --backend sim (see autotune hardware)")
     s.add_argument("--space", default=None, help="search-space YAML (default: search_spaces/default.yaml)")
     s.add_argument("--trials", type=_positive(int), default=10, help="new trials to run (default 10)")
     s.add_argument("--study", default=None, help="study name (default: <model>-<backend>)")
@@ -82,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     sh.add_argument("--storage", default=None)
 
     sub.add_parser("models", help="the model registry")
+    from autotune.sim_cmd import add_parsers
+
+    add_parsers(sub, _positive, _range)  # predict, hardware
+    from autotune import recipe_cmds
+
+    recipe_cmds.add_parsers(sub, _positive, _range)  # export, verify, serve, loadtest
     return parser
 
 
@@ -124,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             return _models()
         if args.command == "show":
             return _show(args)
+        if args.command in ("predict", "hardware"):
+            from autotune.sim_cmd import run_command
+
+            return run_command(args)
+        from autotune import recipe_cmds
+
+        if args.command in recipe_cmds.COMMANDS:
+            return recipe_cmds.run_command(args)
         from autotune.search_cmd import search
 
         return search(args)

@@ -56,9 +56,19 @@ def study_summary(study: optuna.Study) -> str:
         f"{v} {k}" for k, v in sorted(counts.items())) + ")"
 
 
+def _exportable(trial: optuna.trial.FrozenTrial) -> bool:
+    """Belt and braces over best_trials: complete, benchmarked, gate passed, every constraint met."""
+    gate = trial.user_attrs.get("gate")
+    return (trial.state == optuna.trial.TrialState.COMPLETE and "bench" in trial.user_attrs
+            and (gate is None or bool(gate.get("passed")) or gate.get("measured") is False)
+            and all(v <= 0 for v in trial.constraints.values()))
+
+
 def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> list[Path]:
-    """One recipe per Pareto point, named by its configuration's digest, plus the named picks."""
-    trials = pareto_trials(study)
+    """One recipe per Pareto point, named by its configuration's digest, plus the named picks.
+
+    Idempotent: unchanged recipes keep their bytes; recipes of this study that left the front are removed."""
+    trials = [t for t in pareto_trials(study) if _exportable(t)]
     if not trials:
         return []
     folder = recipe_dir(out, study.user_attrs["model"], study.user_attrs["hardware"]["hardware"])
@@ -74,4 +84,19 @@ def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> lis
         for name in picks[t.number]:
             write_recipe(folder / f"{name}.yaml", recipe)
             written.append(folder / f"{name}.yaml")
+    _remove_stale(folder, study.study_name, set(written))
     return written
+
+
+def _remove_stale(folder: Path, study_name: str, keep: set[Path]) -> None:
+    import yaml
+
+    for path in folder.glob("*.yaml"):
+        if path in keep or path.name.endswith(".measured.yaml"):
+            continue
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict) and data.get("provenance", {}).get("study") == study_name:
+            path.unlink()

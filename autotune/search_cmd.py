@@ -40,6 +40,10 @@ def _open_study(settings: SearchSettings) -> optuna.Study:
 
 def _prepare(study: optuna.Study, settings: SearchSettings, backend, spec, space) -> None:
     """Reference and speed baseline, measured once per study and workload; descriptive attributes."""
+    if not backend.measured:  # the simulator: no weights, no reference, gate not measured (autotune/sim_cmd.py)
+        from autotune.sim_cmd import prepare_simulated
+
+        return prepare_simulated(study, settings, backend, spec, space)
     log(f"model {spec.name}: locating weights")
     checksum = model_checksum(spec)
     attrs = {
@@ -73,9 +77,10 @@ def _prepare(study: optuna.Study, settings: SearchSettings, backend, spec, space
 
 def search(args) -> int:
     spec = resolve_model(args.model)
-    backend = get_backend(args.backend)
+    backend = get_backend(args.backend, getattr(args, "hardware", None))
     space = backend.adapt_space(load_space(args.space or DEFAULT_SPACE))
-    study_name = args.study or f"{spec.name}-{args.backend}"
+    hardware = getattr(args, "hardware", None)
+    study_name = args.study or f"{spec.name}-{args.backend}" + (f"-{hardware}" if hardware else "")
     try:
         workload = Workload(num_requests=args.requests, prompt_min=args.prompt_tokens[0],
                             prompt_max=args.prompt_tokens[1], output_tokens=args.output_tokens)

@@ -22,9 +22,12 @@ def redact(url: str) -> str:
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-        if path.parent and not path.parent.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(url.removeprefix("sqlite:///")).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot open study storage {redact(url)}: cannot create {folder} "
+                               f"({exc.strerror})") from exc
     try:
         return optuna.storages.RDBStorage(url, heartbeat_interval=None)
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy and drivers raise many types; all mean "cannot open"

@@ -77,7 +77,8 @@ def _previous(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | N
 
 def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, result: dict) -> str:
     """Tell the study what happened; returns a one-line summary."""
-    for key in ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail"):
+    for key in ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source",
+                "profile"):
         if key in result:
             trial.set_user_attr(key, result[key])
     status = result.get("status")

@@ -40,6 +40,18 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
+def sharp_llama():
+    """Untied head scaled up: confident predictions that depend on every layer (for gate tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, tie_word_embeddings=False, **TINY)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60)
+    return model
+
+
+@pytest.fixture(scope="session")
 def tiny_model_folder(tmp_path_factory, smollm2_folder):
     """A tiny random LLaMA saved as a Hugging Face folder, with SmolLM2's tokenizer (so real text tokenizes)."""
     folder = tmp_path_factory.mktemp("tiny-llama")

@@ -3,21 +3,27 @@ from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.backends.cpu import CpuBackend
-from autotune.errors import BackendUnavailable
+from autotune.backends.sim import SimBackend
+from autotune.errors import BackendUnavailable, UserInputError
 
 __all__ = ["Backend", "BACKENDS", "get_backend"]
 
-BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend}
+BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "sim": SimBackend}
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str, hardware: str | None = None) -> Backend:
+    """`hardware` names a profile, for backends that model hardware they do not run on (the simulator)."""
     if name not in BACKENDS:
-        planned = {"cuda": "CUDA", "npu": "Ascend NPU (torch_npu)", "sim": "the analytical simulator"}
+        planned = {"cuda": "CUDA", "npu": "Ascend NPU (torch_npu)"}
         if name in planned:
             raise BackendUnavailable(f"backend {name!r} ({planned[name]}) is not built yet; available: "
                                      f"{', '.join(BACKENDS)}")
         raise BackendUnavailable(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
-    backend = BACKENDS[name]()
+    cls = BACKENDS[name]
+    takes_hardware = getattr(cls, "takes_hardware", False)
+    if hardware is not None and not takes_hardware:
+        raise UserInputError(f"--hardware applies to the sim backend only; backend {name!r} runs on this machine")
+    backend = cls(hardware) if takes_hardware else cls()  # type: ignore[call-arg]
     reason = backend.unavailable()
     if reason:
         raise BackendUnavailable(f"backend {name!r} cannot run here: {reason}")

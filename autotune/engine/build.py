@@ -45,7 +45,8 @@ def _compile_segments(model: EngineModel, mode: str) -> None:
     # Prefill and decode, a few shapes, and (frozen) one graph per segment.
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(model.segments) + 8)
     for segment in model.segments:
-        segment.forward = torch.compile(segment.forward)
+        segment.prefill = torch.compile(segment.prefill)
+        segment.decode = torch.compile(segment.decode)
 
 
 def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16) -> Engine:

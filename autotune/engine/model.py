@@ -25,6 +25,16 @@ class Segment(nn.Module):
             x = layer(x, step, k_pool, v_pool)
         return x
 
+    # Prefill and decode enter through their own functions so that, compiled, each has its own graphs and
+    # shape history: prefill shapes vary with the prompts, decode shapes never do (the batch is padded).
+    def prefill(self, x: torch.Tensor, step: StepInputs, k_pools: list[torch.Tensor],
+                v_pools: list[torch.Tensor]) -> torch.Tensor:
+        return self.forward(x, step, k_pools, v_pools)
+
+    def decode(self, x: torch.Tensor, step: StepInputs, k_pools: list[torch.Tensor],
+               v_pools: list[torch.Tensor]) -> torch.Tensor:
+        return self.forward(x, step, k_pools, v_pools)
+
 
 class EngineModel(nn.Module):
     """LLaMA forward over a paged KV cache. Built from a transformers LlamaForCausalLM (fp32) and a dtype."""
@@ -38,6 +48,8 @@ class EngineModel(nn.Module):
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.num_layers = cfg.num_hidden_layers
         self.eps = cfg.rms_norm_eps
+        eos = cfg.eos_token_id
+        self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         inner = hf_model.model
         self.embed = nn.Embedding.from_pretrained(inner.embed_tokens.weight.detach().to(dtype), freeze=True)
         self.final_norm = nn.Parameter(inner.norm.weight.detach().to(dtype), requires_grad=False)
@@ -82,9 +94,13 @@ class EngineModel(nn.Module):
         return self.cos_table[positions].unsqueeze(-2), self.sin_table[positions].unsqueeze(-2)
 
     def _layers(self, x: torch.Tensor, step: StepInputs, cache: PagedKVCache) -> torch.Tensor:
+        for pool in (*cache.k_pools, *cache.v_pools):
+            # on_demand pools grow: one graph for every pool size rather than one per growth.
+            torch._dynamo.maybe_mark_dynamic(pool, 1)
         for seg in self.segments:
             end = seg.first_layer + len(seg.layers)
-            x = seg(x, step, cache.k_pools[seg.first_layer:end], cache.v_pools[seg.first_layer:end])
+            run = seg.prefill if step.prefill else seg.decode
+            x = run(x, step, cache.k_pools[seg.first_layer:end], cache.v_pools[seg.first_layer:end])
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

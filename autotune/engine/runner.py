@@ -57,8 +57,13 @@ class _Running:
         self.seq_id, self.completion, self.length, self.generator = seq_id, completion, length, generator
 
 
-def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+def _pick(logits: torch.Tensor, request: Request, produced: int, generator: torch.Generator | None) -> int:
     # logits: [vocab] in fp32
+    sampling = request.sampling
+    if produced < request.min_new_tokens and request.eos_token_id is not None:
+        # As transformers' min_new_tokens does: end-of-sequence cannot be chosen before the minimum.
+        logits = logits.clone()
+        logits[request.eos_token_id] = float("-inf")
     if sampling.temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits / sampling.temperature, dim=-1)
@@ -79,6 +84,9 @@ class Runner:
         self.model, self.cache, self.max_batch, self.pad_batch = model, cache, max_batch, pad_batch
         model.attach(cache)
         self._next_id = 0
+        # State of the step-wise API (submit/step), used by serving; run() keeps its own queue.
+        self._waiting: deque[Completion] = deque()
+        self._running: list[_Running] = []
 
     def _admit(self, completions: list[Completion]) -> list[_Running]:
         """Prefill several prompts in one forward: [seqs, longest prompt], right-padded."""
@@ -103,7 +111,7 @@ class Runner:
             admitted.append(_Running(seq_id, completion, n, gen))
         logits = self.model.prefill(ids, slots, lengths)
         for i, running in enumerate(admitted):
-            self._append(running, _pick(logits[i], running.completion.request.sampling, running.generator))
+            self._append(running, _pick(logits[i], running.completion.request, 0, running.generator))
         return admitted
 
     def _append(self, running: _Running, token: int) -> None:
@@ -138,7 +146,7 @@ class Runner:
         logits = self.model.decode(tokens, positions, slots, table, mask)
         for i, r in enumerate(rows):
             r.length += 1
-            self._append(r, _pick(logits[i], r.completion.request.sampling, r.generator))
+            self._append(r, _pick(logits[i], r.completion.request, len(r.completion.output_ids), r.generator))
 
     def run(self, requests: list[Request]) -> list[Completion]:
         """All requests arrive now; returns their completions in request order."""
@@ -160,3 +168,43 @@ class Runner:
             if running:
                 self._decode_step(running)
         return completions
+
+    # Step-wise API for serving: requests join while others run; the caller drives step() from one thread.
+    def submit(self, request: Request, arrival: float | None = None) -> Completion:
+        """Queue a request; its Completion fills in as step() runs. Set `finish_reason` on it to cancel it."""
+        completion = Completion(request, arrival=time.perf_counter() if arrival is None else arrival)
+        self._waiting.append(completion)
+        return completion
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def step(self) -> list[Completion]:
+        """Admit waiting requests up to `max_batch` (prefill), then one decode step of every running sequence.
+        Returns the completions that finished (or were cancelled) during this step; their pages are freed."""
+        finished = [r.completion for r in self._running if r.completion.finish_reason]
+        self._release()
+        batch: list[Completion] = []
+        while self._waiting and len(self._running) + len(batch) < self.max_batch and self.cache.can_admit(
+                len(self._waiting[0].request.prompt_ids) + self._waiting[0].request.max_new_tokens):
+            completion = self._waiting.popleft()
+            (finished if completion.finish_reason else batch).append(completion)
+        if batch:
+            self._running.extend(self._admit(batch))
+        rows = [r for r in self._running if not r.completion.finish_reason]
+        if rows:
+            self._decode_step(rows)
+        finished += [r.completion for r in self._running if r.completion.finish_reason]
+        self._release()
+        return finished
+
+    def _release(self) -> None:
+        for r in self._running:
+            if r.completion.finish_reason:
+                self.cache.free(r.seq_id)
+        self._running = [r for r in self._running if not r.completion.finish_reason]

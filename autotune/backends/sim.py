@@ -1,0 +1,90 @@
+"""The simulator as a backend: every trial is a prediction of the analytical model (autotune/sim), labelled as
+simulated. It measures nothing: not speed, not memory, and not the accuracy gate."""
+from __future__ import annotations
+
+from autotune.backends.base import Backend
+from autotune.config import DeployConfig
+from autotune.errors import AutotuneError
+from autotune.models import resolve_model
+from autotune.space import SearchSpace
+from autotune.trial import Job
+from autotune.workload import Workload
+
+__all__ = ["SimBackend", "GATE_NOT_MEASURED", "SIMULATOR_VERSION"]
+
+SIMULATOR_VERSION = "1"
+GATE_NOT_MEASURED = {
+    "measured": False,
+    "reason": "the accuracy gate cannot be simulated: verify the recipe on real hardware (autotune verify)",
+}
+
+
+class SimBackend(Backend):
+    """Backend "sim": `hardware` names a profile in hardware/ (see `autotune hardware`)."""
+
+    name = "sim"
+    measured = False
+    takes_hardware = True
+
+    def __init__(self, hardware: str | None = None) -> None:
+        self.hardware = hardware
+        self._profile = None
+
+    @property
+    def profile(self):
+        from autotune.sim.hardware import load_profile
+
+        if self._profile is None:
+            if self.hardware is None:
+                raise AutotuneError("the sim backend has no hardware profile")
+            self._profile = load_profile(self.hardware)
+        return self._profile
+
+    def unavailable(self) -> str | None:
+        from autotune.sim.hardware import list_profiles
+
+        if self.hardware is None:
+            return f"the simulator needs --hardware, one of: {', '.join(list_profiles())}"
+        self.profile  # noqa: B018 - load now, so that a bad profile is a user error before any trial
+        return None
+
+    def adapt_space(self, space: SearchSpace) -> SearchSpace:
+        profile = self.profile
+        names = {d.name for d in space.dimensions}
+        if "device_power" in names:
+            values = space.dimension("device_power").values
+            if profile.power_kind == "none" or not profile.power_levels:
+                space = space.restrict("device_power", (), f"{profile.name}: {profile.power_reason}")
+            else:
+                keep = tuple(v for v in values if v in profile.power_levels)
+                if keep != values:
+                    space = space.restrict("device_power", keep, f"{profile.name} has the levels "
+                                           f"{sorted(profile.power_levels)} ({profile.power_reason})")
+        if "quant" in names and profile.int8_tops <= 0:
+            keep = tuple(v for v in space.dimension("quant").values if v != "w8a8")
+            space = space.restrict("quant", keep, f"{profile.name} has no int8 matmul units")
+        return space
+
+    def run(self, job: Job, timeout_s: float) -> dict:
+        from autotune.sim.predict import predict
+
+        if job.kind != "trial":
+            return {"status": "error", "reason": f"the simulator cannot run a {job.kind!r} job: it measures nothing"}
+        try:
+            prediction = predict(resolve_model(job.model), DeployConfig(**job.config), Workload(**job.workload),
+                                 self.profile)
+        except (AutotuneError, ValueError) as exc:
+            return {"status": "error", "reason": str(exc)}
+        labels = {"source": "simulated", "profile": self.profile.label,
+                  "versions": {"simulator": SIMULATOR_VERSION, "profile": self.profile.label,
+                               "calibration": self.profile.calibration_source}}
+        if not prediction.feasible:
+            return {"status": "infeasible", "reason": f"simulated: {prediction.reason}", **labels}
+        return {"status": "ok", "bench": prediction.bench(), "gate": dict(GATE_NOT_MEASURED), "build_s": 0.0,
+                "prediction": prediction.to_dict(), **labels}
+
+    def fingerprint(self) -> dict:
+        p = self.profile
+        return {"hardware": p.name, "profile": p.label, "simulated": True, "description": p.description,
+                "calibration": p.calibration_source, "bf16_tflops": p.bf16_tflops, "int8_tops": p.int8_tops,
+                "memory_gb": p.memory_gb, "bandwidth_gbs": p.bandwidth_gbs}

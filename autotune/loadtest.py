@@ -1,0 +1,207 @@
+"""`autotune loadtest`: a client-side benchmark of any server speaking OpenAI's streaming /v1/completions.
+
+Times are taken where a user feels them, on the client: time to first token (request sent to first token
+received), time per output token (between the first and the last token), output tokens per second of wall time."""
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import json
+import random
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
+
+from autotune.errors import UserInputError
+
+__all__ = ["Outcome", "check_loopback", "one_request", "run_level", "run_loadtest", "format_table"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    ok: bool
+    tokens: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float = 0.0
+    error: str = ""
+
+
+def check_loopback(url: str) -> tuple[str, int]:
+    """Host and port of `url`, refused unless it is this machine: a load test must never hit anyone else."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise UserInputError(f"{url!r} is not an http://HOST:PORT URL")
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, parts.port or 80)}
+    except socket.gaierror as exc:
+        raise UserInputError(f"cannot resolve {parts.hostname!r}: {exc}") from None
+    if not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+        raise UserInputError(f"{parts.hostname} is not a loopback address: loadtest only targets this machine")
+    return parts.hostname, parts.port or 80
+
+
+def _model_id(host: str, port: int) -> str | None:
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/v1/models")
+        resp = conn.getresponse()
+        data = json.loads(resp.read()) if resp.status == 200 else {}
+        conn.close()
+        return data["data"][0]["id"] if data.get("data") else None
+    except (OSError, ValueError, KeyError, http.client.HTTPException):
+        return None
+
+
+def one_request(host: str, port: int, body: dict, timeout: float = 300.0) -> Outcome:
+    """One streaming completion; every SSE event that carries a choice counts as the arrival of a token."""
+    started = time.perf_counter()
+    times: list[float] = []
+    usage_tokens = None
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            text = resp.read(2000).decode(errors="replace")
+            conn.close()
+            return Outcome(False, latency_s=time.perf_counter() - started, error=f"HTTP {resp.status}: {text[:200]}")
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                conn.close()
+                return Outcome(False, latency_s=time.perf_counter() - started, error=str(event["error"])[:200])
+            if event.get("usage"):
+                usage_tokens = event["usage"].get("completion_tokens")
+            choices = event.get("choices") or []
+            # A closing event with only a finish_reason and no text carries no token.
+            if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+                times.append(time.perf_counter())
+        conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return Outcome(False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}"[:200])
+    tokens = usage_tokens if usage_tokens is not None else len(times)
+    if not times:
+        return Outcome(False, tokens, latency_s=time.perf_counter() - started, error="no token received")
+    tpot = (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else None
+    return Outcome(True, tokens, times[0] - started, tpot, time.perf_counter() - started)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+@dataclass(slots=True)
+class LevelResult:
+    concurrency: int
+    requests: int
+    ok: int
+    errors: int
+    duration_s: float
+    throughput_tok_s: float
+    requests_per_s: float
+    ttft_ms: dict = field(default_factory=dict)
+    tpot_ms: dict = field(default_factory=dict)
+    latency_ms: dict = field(default_factory=dict)
+    error_samples: list[str] = field(default_factory=list)
+
+
+def _ms(values: list[float]) -> dict:
+    return {f"p{int(q * 100)}": None if (v := _pct(values, q)) is None else v * 1e3 for q in (0.5, 0.9, 0.99)}
+
+
+def run_level(host: str, port: int, bodies: list[dict], concurrency: int, rate: float | None = None,
+              seed: int = 0) -> LevelResult:
+    """Send `bodies` with at most `concurrency` in flight; with `rate`, requests are due at Poisson arrivals."""
+    rng = random.Random(seed)
+    due, t = [], 0.0
+    for _ in bodies:
+        due.append(t)
+        t += rng.expovariate(rate) if rate else 0.0
+    outcomes: list[Outcome | None] = [None] * len(bodies)
+    lock, cursor = threading.Lock(), [0]
+    started = time.perf_counter()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = cursor[0]
+                cursor[0] += 1
+            if i >= len(bodies):
+                return
+            wait = started + due[i] - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            outcomes[i] = one_request(host, port, bodies[i])
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    duration = time.perf_counter() - started
+    done = [o for o in outcomes if o is not None]
+    good = [o for o in done if o.ok]
+    return LevelResult(
+        concurrency=concurrency, requests=len(bodies), ok=len(good), errors=len(bodies) - len(good),
+        duration_s=duration, throughput_tok_s=sum(o.tokens for o in good) / duration,
+        requests_per_s=len(good) / duration,
+        ttft_ms=_ms([o.ttft_s for o in good if o.ttft_s is not None]),
+        tpot_ms=_ms([o.tpot_s for o in good if o.tpot_s is not None]),
+        latency_ms=_ms([o.latency_s for o in good]),
+        error_samples=sorted({o.error for o in done if not o.ok})[:5])
+
+
+def run_loadtest(url: str, prompts: list[str], concurrencies: list[int], num_requests: int | None, max_tokens: int,
+                 *, model: str | None = None, rate: float | None = None, fixed_length: bool = True) -> dict:
+    host, port = check_loopback(url)
+    model = model or _model_id(host, port)
+    if model is None:
+        raise UserInputError(f"{url} answered no model on GET /v1/models: pass --model-id")
+
+    def body(prompt: str) -> dict:
+        out = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+               "stream_options": {"include_usage": True}}
+        if fixed_length:  # vLLM's and our extension: every request produces exactly max_tokens
+            out.update(min_tokens=max_tokens, ignore_eos=True)
+        return out
+
+    warm = one_request(host, port, body(prompts[0]))
+    if not warm.ok:
+        raise UserInputError(f"{url} did not answer a first request: {warm.error}")
+    levels = []
+    for c in concurrencies:
+        n = num_requests or max(16, 2 * c)
+        bodies = [body(prompts[i % len(prompts)]) for i in range(n)]
+        levels.append(asdict(run_level(host, port, bodies, c, rate)))
+    return {"url": url, "model": model, "max_tokens": max_tokens, "rate": rate, "fixed_length": fixed_length,
+            "levels": levels}
+
+
+def format_table(result: dict) -> str:
+    def f(v: float | None, fmt: str = ".1f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    head = ("| concurrency | requests | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
+            "| errors |\n|---|---|---|---|---|---|---|---|---|")
+    rows = [f"| {lv['concurrency']} | {lv['requests']} | {f(lv['throughput_tok_s'])} "
+            f"| {f(lv['requests_per_s'], '.2f')} "
+            f"| {f(lv['ttft_ms']['p50'], '.0f')} | {f(lv['ttft_ms']['p99'], '.0f')} | {f(lv['tpot_ms']['p50'])} "
+            f"| {f(lv['tpot_ms']['p99'])} | {lv['errors']} |" for lv in result["levels"]]
+    return "\n".join([head, *rows])

@@ -1,0 +1,152 @@
+"""The serving loop: one engine thread drives a Runner step by step; HTTP threads submit requests and read tokens.
+
+The Runner is not thread-safe and never needs to be: only the engine thread touches it. Other threads talk to
+it through a bounded inbox and per-request event queues, and read gauges that the engine thread publishes."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from autotune.engine import Completion, Engine, Request, Runner
+from autotune.progress import log
+
+__all__ = ["Scheduler", "Handle", "Overloaded", "ServingStopped"]
+
+
+class Overloaded(Exception):
+    """The bounded queue is full: the client should retry later (HTTP 503)."""
+
+
+class ServingStopped(Exception):
+    """The server is shutting down."""
+
+
+@dataclass(slots=True)
+class Handle:
+    """One request in flight. `events` receives ("tokens", [ids]), then ("done", finish_reason) or ("error", msg)."""
+
+    request: Request
+    arrival: float
+    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    completion: Completion | None = None
+    cancel_reason: str | None = None
+    sent: int = 0
+    admitted_at: float | None = None
+
+    def cancel(self, reason: str = "stop") -> None:
+        """Ask the engine thread to end this request at its next step (a stop string was seen, or the client left)."""
+        self.cancel_reason = reason
+
+
+class Scheduler:
+    """Dynamic batching: requests join the running batch as soon as a row (and KV pages) are free, up to the
+    recipe's batch size; at most `max_queue` more wait. Beyond that, submit() raises Overloaded."""
+
+    def __init__(self, engine: Engine, max_seq_len: int, max_queue: int) -> None:
+        self.engine, self.max_seq_len, self.max_queue = engine, max_seq_len, max_queue
+        self._runner = self._new_runner()
+        self._inbox: queue.Queue[Handle] = queue.Queue()
+        self._live: list[Handle] = []
+        self._in_system = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
+        self.gauges = {"queue_depth": 0, "running": 0, "kv_pages_in_use": 0, "kv_pages_total": 0}
+        self.steps = 0
+
+    def _new_runner(self) -> Runner:
+        batch = self.engine.config.batch_size
+        return self.engine.runner(max_seq_len=self.max_seq_len, pool_tokens=batch * self.max_seq_len)
+
+    @property
+    def batch_size(self) -> int:
+        return self._runner.max_batch
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def submit(self, request: Request) -> Handle:
+        if self._stop.is_set():
+            raise ServingStopped("the server is shutting down")
+        with self._lock:
+            if self._in_system >= self.batch_size + self.max_queue:
+                raise Overloaded(f"{self._in_system} requests in flight (batch {self.batch_size} + queue "
+                                 f"{self.max_queue}): retry later")
+            self._in_system += 1
+        handle = Handle(request, time.perf_counter())
+        self._inbox.put(handle)
+        return handle
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            idle = not self._live
+            try:
+                # Block only when nothing runs: a running batch must not wait for new arrivals.
+                handle = self._inbox.get(timeout=0.2) if idle else self._inbox.get_nowait()
+                while True:
+                    handle.completion = self._runner.submit(handle.request, arrival=handle.arrival)
+                    self._live.append(handle)
+                    handle = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            if not self._live:
+                continue
+            for h in self._live:
+                if h.cancel_reason and h.completion is not None and not h.completion.finish_reason:
+                    h.completion.finish_reason = h.cancel_reason
+            try:
+                self._runner.step()
+                self.steps += 1
+            except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the server
+                log(f"serve: engine step failed: {type(exc).__name__}: {exc}")
+                self._fail_all(f"engine error: {type(exc).__name__}: {exc}")
+                continue
+            self._publish()
+        self._fail_all("the server is shutting down")
+
+    def _publish(self) -> None:
+        still = []
+        for h in self._live:
+            c = h.completion
+            assert c is not None
+            n = len(c.output_ids)
+            if n > h.sent:
+                if h.sent == 0:
+                    h.admitted_at = c.token_times[0]
+                h.events.put(("tokens", c.output_ids[h.sent:n]))
+                h.sent = n
+            if c.finish_reason:
+                h.events.put(("done", c.finish_reason))
+                self._leave()
+            else:
+                still.append(h)
+        self._live = still
+        cache = self._runner.cache
+        self.gauges = {"queue_depth": self._inbox.qsize() + self._runner.num_waiting,
+                       "running": self._runner.num_running, "kv_pages_in_use": cache.pages_in_use,
+                       "kv_pages_total": cache.num_pages - 1}
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_system -= 1
+
+    def _fail_all(self, message: str) -> None:
+        failed = self._live
+        while True:
+            try:
+                failed.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for h in failed:
+            h.events.put(("error", message))
+            self._leave()
+        self._live = []
+        if not self._stop.is_set():
+            # The runner's state is unknown after a failed step: start over with a fresh cache.
+            self._runner = self._new_runner()
