@@ -69,42 +69,41 @@ def compute_reference(hf_model, windows: list[list[int]], drift_prompts: list[li
     return Reference(torch.cat(tops), torch.cat(top_lps), torch.cat(targets), drift)
 
 
-def _window_logits(engine: Engine, window: list[int]) -> torch.Tensor:
-    runner = engine.runner(max_seq_len=len(window), max_batch=1)
-    runner.cache.allocate(0, len(window))
-    slots = runner.cache.slots(0, 0, len(window))[None]
-    logits = engine.model.prefill(torch.tensor([window]), slots, torch.tensor([len(window)]), all_logits=True)
-    return logits[0, :-1]
+def _windows_logits(engine: Engine, windows: list[list[int]]) -> torch.Tensor:
+    """Teacher-forced logits of equal-length windows, prefilled together: [windows, len - 1, vocab]."""
+    length = len(windows[0])
+    runner = engine.runner(max_seq_len=length, max_batch=len(windows))
+    slots = []
+    for i in range(len(windows)):
+        runner.cache.allocate(i, length)
+        slots.append(runner.cache.slots(i, 0, length))
+    logits = engine.model.prefill(torch.tensor(windows), torch.stack(slots), torch.full((len(windows),), length),
+                                  all_logits=True)
+    return logits[:, :-1]
+
+
+# Windows prefilled per call: two, not one, so that a compiled prefill meets a batch dimension that can vary
+# (a dimension first seen as 1 is specialised) while the logits stay at ~200 MB.
+_WINDOWS_PER_CALL = 2
 
 
 def evaluate_gate(engine: Engine, reference: Reference, windows: list[list[int]], drift_prompts: list[list[int]],
-                  *, tie_epsilon: float = 0.05, min_agreement: float = 0.995) -> GateResult:
+                  *, tie_epsilon: float = 0.05, min_agreement: float = 0.995, max_seq_len: int = 0) -> GateResult:
     """Run the candidate over the same text; a position agrees when the candidate's top-1 is the reference's,
     or the reference gives it a probability within tie_epsilon of its own top-1 (the reference was undecided)."""
     raw = tie = 0
     nll = kl = 0.0
     offset = 0
-    for window in windows:
-        logprobs = torch.log_softmax(_window_logits(engine, window), dim=-1)  # [n, vocab]
-        n = logprobs.shape[0]
-        ref_ids = reference.top_ids[offset:offset + n]
-        ref_lp = reference.top_logprobs[offset:offset + n]
-        cand_top = logprobs.argmax(-1)
-        same = cand_top == ref_ids[:, 0]
-        raw += int(same.sum())
-        # p_ref(candidate's top-1); a token outside the reference's top-K is no closer than its K-th.
-        hit = ref_ids == cand_top[:, None]
-        p_ref_cand = torch.where(hit.any(-1), (ref_lp.exp() * hit).sum(-1), torch.zeros(n))
-        tie += int((same | (p_ref_cand >= ref_lp[:, 0].exp() - tie_epsilon)).sum())
-        nll -= float(logprobs.gather(-1, torch.tensor(window[1:])[:, None]).sum())
-        # KL(ref || cand) on the reference's top-K tokens plus one bucket for the rest: a lower bound of the full KL.
-        p = ref_lp.exp()
-        q = logprobs.gather(-1, ref_ids).exp()
-        p_tail = (1 - p.sum(-1)).clamp(min=1e-12)
-        q_tail = (1 - q.sum(-1)).clamp(min=1e-12)
-        kl += float((p * (ref_lp - q.clamp(min=1e-30).log())).sum() + (p_tail * (p_tail / q_tail).log()).sum())
-        offset += n
-    matches, first = _drift(engine, reference, drift_prompts)
+    for i in range(0, len(windows), _WINDOWS_PER_CALL):
+        group = windows[i:i + _WINDOWS_PER_CALL]
+        for window, logits in zip(group, _windows_logits(engine, group)):
+            offset, agree, nll_w, kl_w = _score(window, torch.log_softmax(logits, dim=-1), reference, offset,
+                                                tie_epsilon)
+            raw += agree[0]
+            tie += agree[1]
+            nll += nll_w
+            kl += kl_w
+    matches, first = _drift(engine, reference, drift_prompts, max_seq_len)
     return GateResult(
         tie_aware_agreement=tie / offset, raw_agreement=raw / offset, perplexity=math.exp(nll / offset),
         reference_perplexity=reference.perplexity, kl_divergence=kl / offset, drift_agreement=matches,
@@ -112,10 +111,34 @@ def evaluate_gate(engine: Engine, reference: Reference, windows: list[list[int]]
     )
 
 
-def _drift(engine: Engine, reference: Reference, prompts: list[list[int]]) -> tuple[float, int]:
+def _score(window: list[int], logprobs: torch.Tensor, reference: Reference, offset: int,
+           tie_epsilon: float) -> tuple[int, tuple[int, int], float, float]:
+    """One window's positions against the reference; logprobs: [n, vocab]. Returns the new offset,
+    (raw, tie-aware) agreeing positions, summed NLL and summed KL."""
+    n = logprobs.shape[0]
+    ref_ids = reference.top_ids[offset:offset + n]
+    ref_lp = reference.top_logprobs[offset:offset + n]
+    cand_top = logprobs.argmax(-1)
+    same = cand_top == ref_ids[:, 0]
+    # p_ref(candidate's top-1); a token outside the reference's top-K is no closer than its K-th.
+    hit = ref_ids == cand_top[:, None]
+    p_ref_cand = torch.where(hit.any(-1), (ref_lp.exp() * hit).sum(-1), torch.zeros(n))
+    tie = int((same | (p_ref_cand >= ref_lp[:, 0].exp() - tie_epsilon)).sum())
+    nll = -float(logprobs.gather(-1, torch.tensor(window[1:])[:, None]).sum())
+    # KL(ref || cand) on the reference's top-K tokens plus one bucket for the rest: a lower bound of the full KL.
+    p = ref_lp.exp()
+    q = logprobs.gather(-1, ref_ids).exp()
+    p_tail = (1 - p.sum(-1)).clamp(min=1e-12)
+    q_tail = (1 - q.sum(-1)).clamp(min=1e-12)
+    kl = float((p * (ref_lp - q.clamp(min=1e-30).log())).sum() + (p_tail * (p_tail / q_tail).log()).sum())
+    return offset + n, (int(same.sum()), tie), nll, kl
+
+
+def _drift(engine: Engine, reference: Reference, prompts: list[list[int]], max_seq_len: int) -> tuple[float, int]:
     new = len(reference.drift_tokens[0])
-    # The configuration's own batch size: compiled graphs are then the ones the benchmark uses.
-    runner = engine.runner(max_seq_len=max(map(len, prompts)) + new)
+    # The configuration's own batch size and the benchmark's sequence length: compiled decode graphs are then
+    # the ones the benchmark uses, not new shapes to compile.
+    runner = engine.runner(max_seq_len=max(max_seq_len, max(map(len, prompts)) + new))
     eos = engine.model.eos_token_id
     outs = runner.run([Request(p, new, min_new_tokens=new, eos_token_id=eos) for p in prompts])
     agree = first = 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 
@@ -77,6 +78,20 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--output-tokens", type=_positive(int), default=64)
     s.add_argument("--repeats", type=_positive(int), default=3, help="timed runs per trial (after a warm-up)")
     s.add_argument("--trial-timeout", type=_positive(float), default=900.0, help="seconds per trial")
+    s.add_argument("--trial-memory-mb", type=_positive(float), default=None,
+                   help="address-space limit of each trial's process, in MB (default: none)")
+    s.add_argument("--isolate", action="store_true",
+                   help="run each trial of an in-process backend (sim) in its own process (cpu always does)")
+    s.add_argument("--workers", type=_positive(int), default=1, help="local worker processes (default 1)")
+    s.add_argument("--storage-password-file", default=None,
+                   help="file whose first line is the storage password (else $AUTOTUNE_STORAGE_PASSWORD)")
+
+    w = sub.add_parser("worker", help="join a study started by `autotune search` and run its trials")
+    w.add_argument("--study", required=True)
+    w.add_argument("--storage", required=True, help="the study's SQLAlchemy URL (PostgreSQL for many machines)")
+    w.add_argument("--storage-password-file", default=None,
+                   help="file whose first line is the storage password (else $AUTOTUNE_STORAGE_PASSWORD)")
+    w.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)  # set by search --workers
 
     sh = sub.add_parser("show", help="the Pareto table of a study, from its storage")
     sh.add_argument("--study", required=True)
@@ -89,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     from autotune import recipe_cmds
 
     recipe_cmds.add_parsers(sub, _positive, _range)  # export, verify, serve, loadtest
+    from autotune import view_cmds
+
+    view_cmds.add_parsers(sub)  # dashboard, report
     return parser
 
 
@@ -108,9 +126,9 @@ def _show(args) -> int:
     import optuna
 
     from autotune.results import pareto_table, study_summary
-    from autotune.storage import default_storage, open_storage, redact
+    from autotune.storage import default_storage, open_storage, redact, resolve_url
 
-    url = args.storage or default_storage(args.study)
+    url = resolve_url(args.storage or default_storage(args.study))
     storage = open_storage(url)
     try:
         study = optuna.load_study(study_name=args.study, storage=storage)
@@ -120,6 +138,10 @@ def _show(args) -> int:
     print(study_summary(study))
     print(pareto_table(study))
     return 0
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +161,21 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in recipe_cmds.COMMANDS:
             return recipe_cmds.run_command(args)
+        from autotune import view_cmds
+
+        if args.command in view_cmds.COMMANDS:
+            return view_cmds.run_command(args)
+        # SIGTERM stops a search or a worker as Ctrl-C does: the running trial is failed and retried on resume.
+        signal.signal(signal.SIGTERM, _interrupt)
+        if args.command == "worker":
+            from autotune.worker import worker
+
+            return worker(args)
+        from autotune.live import live_progress
         from autotune.search_cmd import search
 
-        return search(args)
+        with live_progress():  # a live status on a terminal; plain lines otherwise
+            return search(args)
     except UserInputError as exc:
         if args.debug:
             traceback.print_exc()

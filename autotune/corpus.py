@@ -17,9 +17,11 @@ def _ids(tokenizer, path: Path) -> list[int]:
 
 
 def eval_windows(tokenizer, min_positions: int = 4096, window: int = 512) -> list[list[int]]:
-    """Consecutive windows of the evaluation text; each predicts window-1 positions, enough for min_positions."""
+    """Consecutive windows of the evaluation text; each predicts window-1 positions, enough for min_positions.
+    The count is rounded up to an even number: the gate prefills windows two at a time."""
     ids = _ids(tokenizer, EVAL_FILE)
     count = -(-min_positions // (window - 1))
+    count += count % 2
     if count * window > len(ids):
         raise ValueError(f"the evaluation text has {len(ids)} tokens; {count} windows of {window} need more")
     return [ids[i * window:(i + 1) * window] for i in range(count)]
@@ -32,7 +34,7 @@ def drift_prompts(tokenizer, count: int = 2, length: int = 64) -> list[list[int]
 
 
 def eval_set_digest(min_positions: int, window: int = 512) -> str:
-    return hashlib.sha256(EVAL_FILE.read_bytes() + f"{min_positions}/{window}".encode()).hexdigest()[:16]
+    return hashlib.sha256(EVAL_FILE.read_bytes() + f"{min_positions}/{window}/even".encode()).hexdigest()[:16]
 
 
 def bench_prompts(tokenizer, count: int, min_tokens: int, max_tokens: int, seed: int = 0) -> list[list[int]]:

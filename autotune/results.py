@@ -24,6 +24,12 @@ def _baseline_tput(study: optuna.Study) -> float | None:
     return base["throughput_tok_s"] if base else None
 
 
+def _agreement(gate: dict) -> str:
+    if gate.get("measured") is False:
+        return "n/m"  # simulated: the gate was not measured
+    return f"{gate['tie_aware_agreement']:.4f}" if "tie_aware_agreement" in gate else "-"
+
+
 def pareto_table(study: optuna.Study) -> str:
     trials = pareto_trials(study)
     base = _baseline_tput(study)
@@ -35,7 +41,7 @@ def pareto_table(study: optuna.Study) -> str:
         gain = f"{b['throughput_tok_s'] / base:.2f}x" if base else "-"
         lines.append(f"{t.number:>5}  {DeployConfig(**t.user_attrs['config']).label():<46} "
                      f"{b['throughput_tok_s']:>7.1f} {gain:>6} {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms "
-                     f"{b['peak_memory_mb']:>8.0f} {g.get('tie_aware_agreement', float('nan')):>7.4f}")
+                     f"{b['peak_memory_mb']:>8.0f} {_agreement(g):>7}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
     baseline = study.user_attrs.get("speed_baseline")
@@ -85,7 +91,19 @@ def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> lis
             write_recipe(folder / f"{name}.yaml", recipe)
             written.append(folder / f"{name}.yaml")
     _remove_stale(folder, study.study_name, set(written))
+    _annotate(study, written, storage_url)
     return written
+
+
+def _annotate(study: optuna.Study, written: list[Path], storage_url: str) -> None:
+    """Notes and recipe files for optuna-dashboard; best effort: the recipes are the result, this is a view."""
+    from autotune.annotate import annotate_study, artifact_dir, study_storage_url
+    from autotune.progress import log
+
+    try:
+        annotate_study(study, written, artifact_dir(study_storage_url(study, storage_url)))
+    except Exception as exc:  # noqa: BLE001 - a missing optional package or a read-only folder must not fail export
+        log(f"dashboard notes not written: {type(exc).__name__}: {exc}")
 
 
 def _remove_stale(folder: Path, study_name: str, keep: set[Path]) -> None:

@@ -5,17 +5,18 @@ import warnings
 
 import optuna
 
-from autotune.backends import get_backend
 from autotune.corpus import eval_set_digest
 from autotune.errors import UserInputError
 from autotune.models import resolve_model
 from autotune.progress import log
 from autotune.results import pareto_table, study_summary, write_recipes
+from autotune.scheduling import budget_target
 from autotune.space import DEFAULT_SPACE, load_space
-from autotune.storage import default_storage, open_storage, redact
+from autotune.storage import default_storage, open_storage, redact, resolve_url
 from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
 from autotune.trial import Job
 from autotune.weights import model_checksum
+from autotune.worker import SETTINGS_ATTR, make_backend, run_local_workers, settings_attr
 from autotune.workload import Workload
 
 __all__ = ["search"]
@@ -77,9 +78,9 @@ def _prepare(study: optuna.Study, settings: SearchSettings, backend, spec, space
 
 def search(args) -> int:
     spec = resolve_model(args.model)
-    backend = get_backend(args.backend, getattr(args, "hardware", None))
-    space = backend.adapt_space(load_space(args.space or DEFAULT_SPACE))
     hardware = getattr(args, "hardware", None)
+    backend = make_backend(args.backend, hardware, args.isolate, args.trial_memory_mb)
+    space = backend.adapt_space(load_space(args.space or DEFAULT_SPACE))
     study_name = args.study or f"{spec.name}-{args.backend}" + (f"-{hardware}" if hardware else "")
     try:
         workload = Workload(num_requests=args.requests, prompt_min=args.prompt_tokens[0],
@@ -87,16 +88,25 @@ def search(args) -> int:
     except ValueError as exc:
         raise UserInputError(str(exc)) from None
     settings = SearchSettings(
-        model=args.model, study=study_name, storage=args.storage or default_storage(study_name), trials=args.trials,
+        model=args.model, study=study_name, trials=args.trials,
+        storage=resolve_url(args.storage or default_storage(study_name), args.storage_password_file),
         workload=workload, min_agreement=args.min_agreement, tie_epsilon=args.tie_epsilon,
         memory_budget_mb=args.memory_budget, tpot_slo_ms=args.tpot_slo, sampler=args.sampler, seed=args.seed,
-        trial_timeout_s=args.trial_timeout, repeats=args.repeats,
+        trial_timeout_s=args.trial_timeout, repeats=args.repeats, trial_memory_mb=args.trial_memory_mb,
     )
     study = _open_study(settings)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "
         f"space {space.source} ({space.grid_size()} configurations)")
     _prepare(study, settings, backend, spec, space)
-    run_search(settings, space, backend, study, space.baseline_params())
+    study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, args.backend, hardware,
+                                                     str(args.space or DEFAULT_SPACE), args.isolate))
+    target = budget_target(study, args.trials)
+    if args.workers > 1:
+        if not any(t.params == space.baseline_params() for t in study.trials):
+            study.enqueue_trial(space.baseline_params(), user_attrs={"role": "baseline"}, skip_if_exists=True)
+        run_local_workers(args.workers, study_name, settings.storage)
+    else:
+        run_search(settings, space, backend, study, space.baseline_params(), target=target)
     print(study_summary(study))
     print(pareto_table(study))
     written = write_recipes(study, args.out, settings.storage)

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 import optuna
 
 from autotune.backends import Backend
+from autotune.caches import record_hit_rates
 from autotune.config import DeployConfig
 from autotune.gatecache import gate_key, load_gate
-from autotune.progress import log
+from autotune.progress import log, notify
+from autotune.scheduling import budget_target, fail_and_retry, heartbeat, wait_for_slot, wait_for_twin, worker_id
 from autotune.space import SearchSpace
+from autotune.storage import heartbeat_seconds
 from autotune.trial import Job
 from autotune.workload import Workload
 
@@ -36,6 +39,7 @@ class SearchSettings:
     seed: int | None = None
     trial_timeout_s: float = 900.0
     repeats: int = 3
+    trial_memory_mb: float | None = None  # address-space limit of each trial's process
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -78,7 +82,7 @@ def _previous(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | N
 def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, result: dict) -> str:
     """Tell the study what happened; returns a one-line summary."""
     for key in ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source",
-                "profile"):
+                "profile", "compile_cache"):
         if key in result:
             trial.set_user_attr(key, result[key])
     status = result.get("status")
@@ -116,40 +120,62 @@ def _best_so_far(study: optuna.Study) -> str:
     return "best: " + ", ".join(parts)
 
 
+def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
+              config: DeployConfig, common: dict) -> dict:
+    """The trial's result: a finished twin's result reused, a cached failing gate, or the backend's run."""
+    wait_for_twin(study, trial, settings.trial_timeout_s + 2 * heartbeat_seconds()[1])
+    previous = _previous(study, trial.params)
+    if previous is not None:
+        trial.set_user_attr("duplicate_of", previous.number)
+        log(f"  same configuration as trial #{previous.number}: its result is reused")
+        return {"status": "ok" if previous.state == optuna.trial.TrialState.COMPLETE else "gated",
+                **{key: previous.user_attrs[key] for key in ("gate", "bench") if key in previous.user_attrs}}
+    checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
+    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon))
+    if cached_gate is not None:
+        cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
+                       "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
+    if cached_gate is not None and not cached_gate["passed"]:
+        return {"status": "gated", "gate": cached_gate, "gate_cached": True}
+    job = Job(kind="trial", config=config.to_dict(), threads=config.device_power, gate=cached_gate,
+              memory_limit_mb=settings.trial_memory_mb, **common)
+    return backend.run(job, settings.trial_timeout_s)
+
+
 def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study,
-               baseline_params: dict) -> None:
-    """Run `settings.trials` new trials; finished trials already in the study are kept (resume)."""
+               baseline_params: dict, *, target: int | None = None) -> None:
+    """Run trials until the study holds `target` done trials (default: `settings.trials` more, or the rest of an
+    interrupted campaign). Any number of workers may run this on one study at once: they share the budget and
+    never evaluate a configuration twice. Finished trials already in the study are kept (resume). On Ctrl-C or
+    SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up."""
     if not any(t.params == baseline_params for t in study.trials):
         study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"}, skip_if_exists=True)
+    if target is None:
+        target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
                   tie_epsilon=settings.tie_epsilon, repeats=settings.repeats)
-    checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
-    started = time.perf_counter()
-    for k in range(1, settings.trials + 1):
+    patience_s = settings.trial_timeout_s + 2 * heartbeat_seconds()[1]
+    started, ran = time.perf_counter(), 0
+    while (done := wait_for_slot(study, target, patience_s)) is not None:
         trial = study.ask()
-        params = space.suggest(trial)
-        config = DeployConfig.from_params(params)
-        trial.set_user_attr("config", config.to_dict())
-        trial.set_user_attr("label", config.label())
-        elapsed = time.perf_counter() - started
-        eta = f", about {elapsed / (k - 1) * (settings.trials - k + 1) / 60:.1f} min left" if k > 1 else ""
-        log(f"trial {k}/{settings.trials} (#{trial.number}{eta}): {config.label()}")
-        previous = _previous(study, trial.params)
-        if previous is not None:
-            trial.set_user_attr("duplicate_of", previous.number)
-            result = {"status": "ok" if previous.state == optuna.trial.TrialState.COMPLETE else "gated",
-                      **{key: previous.user_attrs[key] for key in ("gate", "bench") if key in previous.user_attrs}}
-            log(f"  same configuration as trial #{previous.number}: its result is reused")
-        else:
-            cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon))
-            if cached_gate is not None:
-                cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
-                               "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
-            if cached_gate is not None and not cached_gate["passed"]:
-                result = {"status": "gated", "gate": cached_gate, "gate_cached": True}
-            else:
-                job = Job(kind="trial", config=config.to_dict(), threads=config.device_power, gate=cached_gate,
-                          **common)
-                result = backend.run(job, settings.trial_timeout_s)
-        log(f"  -> {_record(study, trial, settings, result)}")
+        with heartbeat(study, trial):
+            try:
+                params = space.suggest(trial)
+                config = DeployConfig.from_params(params)
+                trial.set_user_attr("config", config.to_dict())
+                trial.set_user_attr("label", config.label())
+                trial.set_user_attr("worker", worker_id())
+                elapsed = time.perf_counter() - started
+                eta = f", {elapsed / ran:.1f} s per trial here" if ran else ""
+                k = done + 1
+                log(f"trial {k}/{target} (#{trial.number}{eta}): {config.label()}")
+                notify("trial", k=k, total=target, number=trial.number, label=config.label())
+                result = _evaluate(study, trial, settings, backend, config, common)
+                log(f"  -> {_record(study, trial, settings, result)}")
+            except BaseException as exc:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), lost storage: retry it later
+                fail_and_retry(study, trial, f"interrupted ({type(exc).__name__}): retried on the next run")
+                raise
+        ran += 1
+        record_hit_rates(study)
         log(f"  {_best_so_far(study)}")
+        notify("told", study=study, number=trial.number)

@@ -27,6 +27,10 @@ class Job:
     repeats: int = 3
     gate: dict | None = None  # cached gate figures for these numerics: skip the gate
     baseline_batch: int = 8
+    # Set when an in-process backend (the simulator) has its trials isolated: the child runs that backend.
+    backend: str = ""
+    hardware: str | None = None
+    memory_limit_mb: float | None = None  # address-space limit of the child process (None: unlimited)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -94,7 +98,8 @@ def _trial(job: Job, spec, tokenizer, base_rss: int) -> dict:
         t0 = time.perf_counter()
         ref = Reference(**torch.load(reference_path(checksum, digest)))
         gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), drift_prompts(tokenizer),
-                             tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement).to_dict()
+                             tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
+                             max_seq_len=workload.max_seq_len).to_dict()
         gate["seconds"] = time.perf_counter() - t0
         store_gate(gate_key(checksum, digest, config.numerics_key(), job.tie_epsilon), gate)
         result["gate"], result["gate_cached"] = gate, False
@@ -148,18 +153,47 @@ def run_job(job: Job) -> dict:
         result = handler(job, spec, tokenizer, base_rss)
     except AutotuneError as exc:
         result = {"status": "error", "reason": str(exc)}
+    from autotune.caches import compiler_cache_counts
+
     result["versions"] = _versions()
     result["threads"] = torch.get_num_threads()
+    result["compile_cache"] = compiler_cache_counts()
     return result
+
+
+def _run_backend_job(job: Job) -> dict:
+    """The child side of an isolated in-process backend (autotune/backends/isolated.py IsolatedBackend)."""
+    from autotune.backends import get_backend
+
+    return get_backend(job.backend, job.hardware).run(job, float("inf"))
+
+
+def limit_memory(limit_mb: float | None) -> None:
+    """RLIMIT_AS: an allocation past the limit fails inside this process (MemoryError, failed malloc) instead of
+    waking the machine's OOM killer, which might pick the worker or the database. Set here rather than in a
+    preexec_fn, which is unsafe in a parent with threads (the worker's heartbeat)."""
+    if limit_mb:
+        import resource
+
+        limit = int(limit_mb * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def main(argv: list[str]) -> int:
     job = Job(**json.loads(open(argv[0]).read()))
+    limit_memory(job.memory_limit_mb)
     try:
-        result = run_job(job)
+        result = _run_backend_job(job) if job.backend else run_job(job)
+    except MemoryError:
+        traceback.print_exc()
+        limit = f" of {job.memory_limit_mb:.0f} MB" if job.memory_limit_mb else ""
+        result = {"status": "error", "reason": f"out of memory: the trial exceeded its memory limit{limit} "
+                                               "(MemoryError)"}
     except Exception as exc:  # noqa: BLE001 - any failure of a build is this trial's failure, with its reason
         traceback.print_exc()
         result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        if "can't allocate memory" in str(exc) or "out of memory" in str(exc).lower():
+            result["reason"] = f"out of memory: {result['reason']}"
     with open(argv[1], "w") as fh:
         json.dump(result, fh)
     return 0

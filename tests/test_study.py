@@ -9,6 +9,7 @@ from autotune.config import DeployConfig
 from autotune.results import pareto_table, pareto_trials, write_recipes
 from autotune.space import DEFAULT_SPACE, load_space
 from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
+from autotune.workload import Workload
 
 
 class ScriptedBackend(Backend):
@@ -31,8 +32,11 @@ class ScriptedBackend(Backend):
     def run(self, job, timeout_s):
         self.jobs.append(job)
         config = DeployConfig(**job.config)
-        gate = {"tie_aware_agreement": 0.98 if config.quant == "w8a8" else 0.999, "raw_agreement": 0.9,
-                "passed": config.quant != "w8a8"}
+        agreement = 0.98 if config.quant == "w8a8" else 0.999
+        gate = {"tie_aware_agreement": agreement, "raw_agreement": 0.9, "perplexity": 25.0,
+                "reference_perplexity": 24.9, "kl_divergence": 0.01, "drift_agreement": 0.5,
+                "drift_first_divergence": 20, "positions": 5110, "tie_epsilon": 0.05, "min_agreement": 0.995,
+                "passed": agreement > 0.995}
         if config.quant == "w4a16":
             return {"status": "error", "reason": "RuntimeError: kernel missing", "log_tail": ["boom"]}
         if not gate["passed"]:
@@ -81,7 +85,7 @@ def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_fr
     study.set_user_attr("model_source", "test")
     study.set_user_attr("backend", "scripted")
     study.set_user_attr("hardware", {"hardware": "test-machine"})
-    study.set_user_attr("workload", {})
+    study.set_user_attr("workload", Workload().to_dict())
     written = write_recipes(study, tmp_path / "recipes", "sqlite:///x.db")
     assert {p.name for p in written} >= {"best-throughput.yaml", "best-latency.yaml", "smallest-memory.yaml"}
     assert "w8a8" not in "".join(p.read_text() for p in written)

@@ -47,6 +47,7 @@ def _compile_segments(model: EngineModel, mode: str) -> None:
     for segment in model.segments:
         segment.prefill = torch.compile(segment.prefill)
         segment.decode = torch.compile(segment.decode)
+    model.logits = torch.compile(model.logits)  # final norm and the (vocabulary-wide) head
 
 
 def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16) -> Engine:

@@ -104,7 +104,8 @@ class EngineModel(nn.Module):
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(rms_norm(x, self.final_norm, self.eps))
+        """x: [..., hidden] -> fp32 logits [..., vocab]. Compiled with the segments when fused."""
+        return self.lm_head(rms_norm(x, self.final_norm, self.eps)).float()
 
     @torch.inference_mode()
     def prefill(self, token_ids: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
@@ -122,7 +123,7 @@ class EngineModel(nn.Module):
         x = self._layers(x, StepInputs(prefill=True, cos=cos, sin=sin, slots=slots), self._cache)
         if not all_logits:
             x = x[torch.arange(x.shape[0]), lengths - 1]
-        return self.logits(x).float()
+        return self.logits(x)
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -131,7 +132,7 @@ class EngineModel(nn.Module):
         cos, sin = self._rope(positions)
         step = StepInputs(prefill=False, cos=cos, sin=sin, slots=slots, block_table=block_table,
                           context_mask=context_mask)
-        return self.logits(self._layers(self.embed(token_ids), step, self._cache)).float()
+        return self.logits(self._layers(self.embed(token_ids), step, self._cache))
 
     def attach(self, cache: PagedKVCache) -> None:
         self._cache = cache

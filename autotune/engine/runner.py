@@ -57,21 +57,32 @@ class _Running:
         self.seq_id, self.completion, self.length, self.generator = seq_id, completion, length, generator
 
 
-def _pick(logits: torch.Tensor, request: Request, produced: int, generator: torch.Generator | None) -> int:
-    # logits: [vocab] in fp32
-    sampling = request.sampling
-    if produced < request.min_new_tokens and request.eos_token_id is not None:
-        # As transformers' min_new_tokens does: end-of-sequence cannot be chosen before the minimum.
-        logits = logits.clone()
-        logits[request.eos_token_id] = float("-inf")
-    if sampling.temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+def _sample(probs: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    # probs: [vocab]
     if sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p
         probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.inference_mode()  # logits are inference tensors: masking them in place needs the same mode
+def _next_tokens(logits: torch.Tensor, rows: list[_Running]) -> list[int]:
+    """One token per row; logits: [rows (or more: padding), vocab] in fp32, modified in place."""
+    for i, r in enumerate(rows):
+        req = r.completion.request
+        if len(r.completion.output_ids) < req.min_new_tokens and req.eos_token_id is not None:
+            # As transformers' min_new_tokens does: end-of-sequence cannot be chosen before the minimum.
+            logits[i, req.eos_token_id] = float("-inf")
+    greedy = logits[:len(rows)].argmax(-1).tolist()  # one call for the batch: most requests are greedy
+    out = []
+    for i, r in enumerate(rows):
+        sampling = r.completion.request.sampling
+        if sampling.temperature <= 0:
+            out.append(greedy[i])
+        else:
+            out.append(_sample(torch.softmax(logits[i] / sampling.temperature, dim=-1), sampling, r.generator))
+    return out
 
 
 class Runner:
@@ -110,8 +121,8 @@ class Runner:
                 gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
             admitted.append(_Running(seq_id, completion, n, gen))
         logits = self.model.prefill(ids, slots, lengths)
-        for i, running in enumerate(admitted):
-            self._append(running, _pick(logits[i], running.completion.request, 0, running.generator))
+        for running, token in zip(admitted, _next_tokens(logits, admitted)):
+            self._append(running, token)
         return admitted
 
     def _append(self, running: _Running, token: int) -> None:
@@ -144,9 +155,9 @@ class Runner:
         context = cache.pages_per_seq * cache.page_size
         mask = (torch.arange(context) < lengths[:, None]).view(1, batch, 1, context)
         logits = self.model.decode(tokens, positions, slots, table, mask)
-        for i, r in enumerate(rows):
+        for r, token in zip(rows, _next_tokens(logits, rows)):
             r.length += 1
-            self._append(r, _pick(logits[i], r.completion.request, len(r.completion.output_ids), r.generator))
+            self._append(r, token)
 
     def run(self, requests: list[Request]) -> list[Completion]:
         """All requests arrive now; returns their completions in request order."""
