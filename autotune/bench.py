@@ -43,35 +43,47 @@ def _run_figures(completions: list[Completion], seconds: float) -> dict:
 
 
 def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, repeats: int = 3,
-                     warmup: int = 2, base_rss: int) -> dict:
+                     warmup: int = 2, base_rss: int, device=None) -> dict:
     """Run the workload `warmup` + `repeats` times on one runner (its cache persists, as in serving).
 
     Peak memory is the process's measured high-water mark during the runs, minus `base_rss` (the process
-    before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them."""
+    before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them.
+    With an accelerator `device` (autotune/backends/device.py), peak memory is its allocator's high-water mark
+    (weights, KV pools, activations) and every clock read waits for the device's queued work first."""
     runner = engine.runner(max_seq_len=workload.max_seq_len,
                            pool_tokens=engine.config.batch_size * workload.max_seq_len)
     eos = engine.model.eos_token_id
     requests = [Request(p, workload.output_tokens, min_new_tokens=workload.output_tokens, eos_token_id=eos)
                 for p in prompts]
-    reset_peak()
+    sync = device.synchronize if device is not None else _no_sync
+    if device is not None:
+        device.reset_peak_memory()
+    else:
+        reset_peak()
     started = time.perf_counter()
     for i in range(warmup):
         runner.run(requests)
+    sync()
     warmup_s = time.perf_counter() - started
     runs = []
     for i in range(repeats):
         t0 = time.perf_counter()
         completions = runner.run(requests)
+        sync()
         runs.append(_run_figures(completions, time.perf_counter() - t0))
         log(f"  repeat {i + 1}/{repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
     result = summarize(runs)
     result.update(
-        peak_memory_mb=(peak_rss_bytes() - base_rss) / 2**20,
+        peak_memory_mb=(device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20,
         kv_reserved_peak_mb=runner.cache.reserved_bytes / 2**20,
         kv_pages_peak=runner.cache.peak_pages_in_use,
         warmup_s=warmup_s,
     )
     return result
+
+
+def _no_sync() -> None:
+    return None  # CPU kernels have finished when they return
 
 
 class _TokenTimes:
@@ -93,7 +105,7 @@ class _TokenTimes:
 
 @torch.inference_mode()
 def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload, batch_size: int, pad_id: int,
-                          *, repeats: int = 3, warmup: int = 2, base_rss: int) -> dict:
+                          *, repeats: int = 3, warmup: int = 2, base_rss: int, device=None) -> dict:
     """The speed baseline: transformers' own generate, batches of `batch_size` prompts (left-padded), in turn."""
     def one_run() -> dict:
         completions: list[Completion] = []
@@ -104,6 +116,8 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
             ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             streamer = _TokenTimes()
+            if device is not None:  # an accelerator: inputs go where the weights are
+                ids, mask = ids.to(device.torch_device), mask.to(device.torch_device)
             hf_model.generate(ids, attention_mask=mask, max_new_tokens=workload.output_tokens,
                               min_new_tokens=workload.output_tokens, do_sample=False, pad_token_id=pad_id,
                               streamer=streamer)
@@ -114,7 +128,10 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
                 completions.append(c)
         return _run_figures(completions, time.perf_counter() - start)
 
-    reset_peak()
+    if device is not None:
+        device.reset_peak_memory()
+    else:
+        reset_peak()
     for _ in range(warmup):
         one_run()
     runs = []
@@ -122,5 +139,6 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
         runs.append(one_run())
         log(f"  repeat {i + 1}/{repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
     result = summarize(runs)
-    result["peak_memory_mb"] = (peak_rss_bytes() - base_rss) / 2**20
+    result["peak_memory_mb"] = (device.peak_memory_bytes() if device is not None
+                                else peak_rss_bytes() - base_rss) / 2**20
     return result

@@ -30,6 +30,16 @@ def _positive(kind):
     return parse
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -63,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", default="cpu")
     s.add_argument("--hardware", default=None, help="hardware profile, for --backend sim (see autotune hardware)")
     s.add_argument("--space", default=None, help="search-space YAML (default: search_spaces/default.yaml)")
-    s.add_argument("--trials", type=_positive(int), default=10, help="new trials to run (default 10)")
+    s.add_argument("--trials", type=_positive(int), default=8,
+                   help="new trials to run (default 8: the default search then fits in 15 minutes on 2 cores)")
     s.add_argument("--study", default=None, help="study name (default: <model>-<backend>)")
     s.add_argument("--storage", default=None, help="SQLAlchemy URL (default: sqlite:///studies/<study>.db)")
     s.add_argument("--min-agreement", type=_fraction, default=0.995, help="gate on tie-aware agreement")
@@ -77,7 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-tokens", type=_range, default=(112, 144), help="MIN:MAX prompt tokens")
     s.add_argument("--output-tokens", type=_positive(int), default=64)
     s.add_argument("--repeats", type=_positive(int), default=3, help="timed runs per trial (after a warm-up)")
-    s.add_argument("--trial-timeout", type=_positive(float), default=900.0, help="seconds per trial")
+    s.add_argument("--trial-timeout", type=_positive(float), default=600.0, help="seconds per trial (default 600)")
+    s.add_argument("--timeout", type=_non_negative, default=10.0,
+                   help="minutes of trials: no new trial once one more would likely end later (default 10, so "
+                        "that the default search fits in 15 minutes on 2 cores; 0: no limit)")
     s.add_argument("--trial-memory-mb", type=_positive(float), default=None,
                    help="address-space limit of each trial's process, in MB (default: none)")
     s.add_argument("--isolate", action="store_true",

@@ -45,16 +45,16 @@ def dashboard(args) -> int:
     server = make_dashboard_server(url, folder, args.host, args.port)
     host, port = server.server_address[:2]
     shown = f"[{host}]" if ":" in str(host) else host
-    print(f"optuna-dashboard for study {study.study_name} ({redact(url)}, artifacts in {folder})")
-    print(f"open http://{shown}:{port}/dashboard  (Ctrl-C stops it)", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {args.host}: anyone who can reach this machine can read and edit the study",
-              file=sys.stderr)
 
     def stop(signum, frame) -> None:
         raise KeyboardInterrupt  # SIGTERM ends it like Ctrl-C: the socket is closed below
 
     previous = signal.signal(signal.SIGTERM, stop)
+    print(f"optuna-dashboard for study {study.study_name} ({redact(url)}, artifacts in {folder})")
+    print(f"open http://{shown}:{port}/dashboard  (Ctrl-C stops it)", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {args.host}: anyone who can reach this machine can read and edit the study",
+              file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -12,8 +12,9 @@ from autotune.weights import cache_root
 __all__ = ["gate_key", "load_gate", "store_gate", "reference_path"]
 
 
-def gate_key(model_checksum: str, eval_digest: str, numerics_key: str, tie_epsilon: float) -> str:
-    text = json.dumps([model_checksum, eval_digest, numerics_key, tie_epsilon])
+def gate_key(model_checksum: str, eval_digest: str, numerics_key: str, tie_epsilon: float, device: str) -> str:
+    """The device is part of the key: another device's kernels compute other numerics for the same knobs."""
+    text = json.dumps([model_checksum, eval_digest, numerics_key, tie_epsilon, device])
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 

@@ -92,7 +92,8 @@ def search(args) -> int:
         storage=resolve_url(args.storage or default_storage(study_name), args.storage_password_file),
         workload=workload, min_agreement=args.min_agreement, tie_epsilon=args.tie_epsilon,
         memory_budget_mb=args.memory_budget, tpot_slo_ms=args.tpot_slo, sampler=args.sampler, seed=args.seed,
-        trial_timeout_s=args.trial_timeout, repeats=args.repeats, trial_memory_mb=args.trial_memory_mb,
+        trial_timeout_s=args.trial_timeout, timeout_s=args.timeout * 60 or None, repeats=args.repeats,
+        trial_memory_mb=args.trial_memory_mb,
     )
     study = _open_study(settings)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "

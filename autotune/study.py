@@ -40,6 +40,7 @@ class SearchSettings:
     trial_timeout_s: float = 900.0
     repeats: int = 3
     trial_memory_mb: float | None = None  # address-space limit of each trial's process
+    timeout_s: float | None = None  # no new trial once one more would likely end past this (Optuna's timeout)
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -131,7 +132,7 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
         return {"status": "ok" if previous.state == optuna.trial.TrialState.COMPLETE else "gated",
                 **{key: previous.user_attrs[key] for key in ("gate", "bench") if key in previous.user_attrs}}
     checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
-    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon))
+    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon, backend.name))
     if cached_gate is not None:
         cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
                        "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
@@ -157,6 +158,11 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
     patience_s = settings.trial_timeout_s + 2 * heartbeat_seconds()[1]
     started, ran = time.perf_counter(), 0
     while (done := wait_for_slot(study, target, patience_s)) is not None:
+        elapsed = time.perf_counter() - started
+        if settings.timeout_s and ran and elapsed + elapsed / ran > settings.timeout_s:
+            log(f"time budget of {settings.timeout_s / 60:.0f} min reached after {ran} trials; "
+                "run the same command again to continue")
+            break
         trial = study.ask()
         with heartbeat(study, trial):
             try:

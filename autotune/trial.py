@@ -31,6 +31,9 @@ class Job:
     backend: str = ""
     hardware: str | None = None
     memory_limit_mb: float | None = None  # address-space limit of the child process (None: unlimited)
+    # Where the engine is built and measured: "cpu" (this process, as always), "cuda" or "npu" (set by those
+    # backends; autotune/backends/device.py).
+    device: str = "cpu"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -72,6 +75,15 @@ def _reference(job: Job, spec, tokenizer) -> dict:
     return {"status": "ok", "path": str(path)}
 
 
+def _device(job: Job):
+    """The accelerator Device of a job; None on the CPU, whose path does not go through one."""
+    if job.device == "cpu":
+        return None
+    from autotune.backends.device import get_device
+
+    return get_device(job.device)
+
+
 def _trial(job: Job, spec, tokenizer, base_rss: int) -> dict:
     import torch
 
@@ -89,7 +101,8 @@ def _trial(job: Job, spec, tokenizer, base_rss: int) -> dict:
     workload = Workload(**job.workload)
     hf = load_hf_model(spec, "float32")
     log(f"  build {config.label()}")
-    engine = build_engine(hf, config)
+    device = _device(job)
+    engine = build_engine(hf, config, device=device)
     del hf
     result: dict = {"build_s": engine.build_seconds}
     checksum, digest = model_checksum(spec), eval_set_digest(job.eval_positions)
@@ -101,7 +114,7 @@ def _trial(job: Job, spec, tokenizer, base_rss: int) -> dict:
                              tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
                              max_seq_len=workload.max_seq_len).to_dict()
         gate["seconds"] = time.perf_counter() - t0
-        store_gate(gate_key(checksum, digest, config.numerics_key(), job.tie_epsilon), gate)
+        store_gate(gate_key(checksum, digest, config.numerics_key(), job.tie_epsilon, job.device), gate)
         result["gate"], result["gate_cached"] = gate, False
         log(f"  gate: tie-aware {gate['tie_aware_agreement']:.4f}, raw {gate['raw_agreement']:.4f}, "
             f"ppl {gate['perplexity']:.2f} ({'pass' if gate['passed'] else 'FAIL'})")
@@ -112,7 +125,8 @@ def _trial(job: Job, spec, tokenizer, base_rss: int) -> dict:
     log("  benchmark")
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
-    result["bench"] = benchmark_engine(engine, prompts, workload, repeats=job.repeats, base_rss=base_rss)
+    result["bench"] = benchmark_engine(engine, prompts, workload, repeats=job.repeats, base_rss=base_rss,
+                                       device=device)
     return {**result, "status": "ok"}
 
 
@@ -124,11 +138,14 @@ def _hf_baseline(job: Job, spec, tokenizer, base_rss: int) -> dict:
 
     workload = Workload(**job.workload)
     hf = load_hf_model(spec, "bfloat16")
+    device = _device(job)
+    if device is not None:
+        hf = hf.to(device.torch_device)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     bench = benchmark_hf_generate(hf, prompts, workload, job.baseline_batch, pad, repeats=job.repeats,
-                                  base_rss=base_rss)
+                                  base_rss=base_rss, device=device)
     return {"status": "ok", "bench": bench, "batch_size": job.baseline_batch,
             "what": "transformers generate, bf16, eager, dynamic cache"}
 

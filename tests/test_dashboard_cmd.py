@@ -28,10 +28,10 @@ def test_dashboard_serves_then_stops_on_sigterm(study, tmp_path):
         lines = [proc.stdout.readline() for _ in range(2)]
         match = re.search(r"open (http://127\.0\.0\.1:\d+)/dashboard", lines[1])
         assert match, lines
-        with urllib.request.urlopen(match.group(1) + "/api/studies", timeout=10) as response:
+        with urllib.request.urlopen(match.group(1) + "/api/studies", timeout=60) as response:
             assert b'"view"' in response.read()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=30) == 0
         assert "dashboard stopped" in proc.stderr.read()
     finally:
         if proc.poll() is None:

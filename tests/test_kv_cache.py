@@ -41,11 +41,33 @@ def test_pool_policy_is_fixed_and_refuses_beyond_it():
     size = cache.reserved_bytes
     cache.allocate(0, 20, max_tokens=40)  # reserves its whole length: 3 pages
     assert cache.pages_in_use == 3 and cache.extend(0, 40) is False
-    assert cache.can_admit(16) and not cache.can_admit(17)
+    assert cache.free_pages == 1 and cache.pages_to_admit(16) == 1 and cache.pages_to_admit(17) == 2
     cache.allocate(1, 16, max_tokens=16)
     with pytest.raises(OutOfPages):
         cache.extend(1, 17)
     assert cache.reserved_bytes == size
+
+
+def test_pool_admits_only_what_fits_together_and_never_runs_out(tiny_llama):
+    from autotune.config import DeployConfig
+    from autotune.engine import Request, build_engine
+
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=8, kv_policy="pool"), dtype=torch.float32)
+    # Room for 5 pages of 8 tokens; each request may reach 20 tokens (3 pages): one at a time, not 4.
+    runner = engine.runner(max_seq_len=24, pool_tokens=40)
+    outs = runner.run([Request([5, 6, 7, 8], 16, min_new_tokens=16) for _ in range(4)])
+    assert all(len(o.output_ids) == 16 for o in outs)
+    assert runner.cache.peak_pages_in_use <= runner.cache.usable_pages
+
+
+def test_a_request_larger_than_the_pool_is_refused_clearly(tiny_llama):
+    from autotune.config import DeployConfig
+    from autotune.engine import Request, build_engine
+
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="pool"), dtype=torch.float32)
+    runner = engine.runner(max_seq_len=64, pool_tokens=16)
+    with pytest.raises(OutOfPages, match="needs"):
+        runner.run([Request([5] * 30, 40)])  # 70 tokens: more than the 64 the pool was sized for
 
 
 def test_slots_address_the_sequence_pages():

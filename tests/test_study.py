@@ -128,7 +128,8 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
     config = DeployConfig(quant="w8a16")
-    store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05), {"tie_aware_agreement": 0.9, "raw_agreement": 0.8})
+    store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05, backend.name),
+               {"tie_aware_agreement": 0.9, "raw_agreement": 0.8})
     study.enqueue_trial({**space.baseline_params(), "quant": "w8a16"})
     run_search(_settings(tmp_path, 2), space, backend, study, space.baseline_params())
     # The baseline ran; the w8a16 trial was decided by the cached gate, without a build.

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.backends.cpu import CpuBackend
+from autotune.backends.cuda import CudaBackend
 from autotune.backends.faults import FaultBackend
+from autotune.backends.npu import NpuBackend
 from autotune.backends.sim import SimBackend
 from autotune.errors import BackendUnavailable, UserInputError
 
 __all__ = ["Backend", "BACKENDS", "get_backend"]
 
-BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "sim": SimBackend}
+BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "cuda": CudaBackend, "npu": NpuBackend, "sim": SimBackend}
 # Test doubles: reachable by name (workers and child processes find them), never listed.
 _HIDDEN: dict[str, type[Backend]] = {"sim-faults": FaultBackend}
 
@@ -17,10 +19,6 @@ _HIDDEN: dict[str, type[Backend]] = {"sim-faults": FaultBackend}
 def get_backend(name: str, hardware: str | None = None) -> Backend:
     """`hardware` names a profile, for backends that model hardware they do not run on (the simulator)."""
     if name not in BACKENDS and name not in _HIDDEN:
-        planned = {"cuda": "CUDA", "npu": "Ascend NPU (torch_npu)"}
-        if name in planned:
-            raise BackendUnavailable(f"backend {name!r} ({planned[name]}) is not built yet; available: "
-                                     f"{', '.join(BACKENDS)}")
         raise BackendUnavailable(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
     cls = BACKENDS.get(name) or _HIDDEN[name]
     takes_hardware = getattr(cls, "takes_hardware", False)

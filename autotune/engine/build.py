@@ -8,7 +8,7 @@ from torch import nn
 
 from autotune.config import DeployConfig
 from autotune.engine.model import EngineModel
-from autotune.engine.quant import quantize_model
+from autotune.engine.quant import _decoder_linear, quantize_model
 from autotune.engine.runner import Runner
 
 __all__ = ["Engine", "build_engine", "COMPILE_MODES"]
@@ -50,9 +50,31 @@ def _compile_segments(model: EngineModel, mode: str) -> None:
     model.logits = torch.compile(model.logits)  # final norm and the (vocabulary-wide) head
 
 
-def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16) -> Engine:
-    """hf_model: a transformers LlamaForCausalLM in fp32; it is only read."""
+def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype, device) -> EngineModel:
+    """The accelerator path (autotune/backends/device.py Device): weights move to the device before quantizing,
+    so each quantizer packs for that device's kernels; each segment compiles as the device maps the fusion level."""
+    model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None).to(device.torch_device)
+    device.quantizer(config.quant).apply(model, _decoder_linear)
+    if device.compile_options(config.fusion_level) is not None:
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
+                                                    4 * len(model.segments) + 8)
+        for segment in model.segments:
+            segment.prefill = device.compile(segment.prefill, config.fusion_level)
+            segment.decode = device.compile(segment.decode, config.fusion_level)
+        model.logits = device.compile(model.logits, config.fusion_level)
+    device.synchronize()
+    return model
+
+
+def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16,
+                 device=None) -> Engine:
+    """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. `device`: an accelerator's Device
+    (autotune/backends/device.py); None builds for this process's CPU, as before."""
     started = time.perf_counter()
+    if device is not None:
+        return Engine(_build_on_device(hf_model, config, dtype, device), config, time.perf_counter() - started)
     model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None)
     quantize_model(model, config.quant)
     mode = COMPILE_MODES[config.fusion_level]

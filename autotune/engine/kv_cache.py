@@ -30,7 +30,8 @@ class PagedKVCache:
     """
 
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, page_size: int, policy: str,
-                 max_seq_len: int, max_batch: int, dtype: torch.dtype, pool_tokens: int | None = None) -> None:
+                 max_seq_len: int, max_batch: int, dtype: torch.dtype, pool_tokens: int | None = None,
+                 device: torch.device | str = "cpu") -> None:
         if policy not in KV_POLICIES:
             raise ValueError(f"kv_policy must be one of {KV_POLICIES}, not {policy!r}")
         self.page_size = page_size
@@ -40,6 +41,7 @@ class PagedKVCache:
         self._shape = (num_kv_heads, head_dim)
         self._num_layers = num_layers
         self._dtype = dtype
+        self._device = device  # where the pools live: the model's device (accelerator backends)
         if policy == "pool":
             capacity = 1 + max(math.ceil((pool_tokens or max_batch * max_seq_len) / page_size), self.pages_per_seq)
         elif policy == "preallocate":
@@ -71,7 +73,7 @@ class PagedKVCache:
         shape = (heads, capacity, self.page_size, head_dim)
         for pools in (self.k_pools, self.v_pools):
             for i in range(self._num_layers):
-                grown = torch.zeros(shape, dtype=self._dtype)
+                grown = torch.zeros(shape, dtype=self._dtype, device=self._device)
                 if old:
                     grown[:, :old] = pools[i]
                     pools[i] = grown
@@ -88,11 +90,18 @@ class PagedKVCache:
             self._resize(self.num_pages + max(1, self.num_pages // 2))
         return self._free.pop()
 
-    def can_admit(self, max_tokens: int) -> bool:
-        """Whether a sequence that may reach `max_tokens` tokens can be admitted now."""
-        if self.policy == "pool":
-            return len(self._free) >= math.ceil(max_tokens / self.page_size)
-        return True
+    def pages_to_admit(self, max_tokens: int) -> int:
+        """Free pages a sequence that may reach `max_tokens` tokens must find to be admitted (pool policy only:
+        the others take pages as they go, growing the pools if need be)."""
+        return math.ceil(max_tokens / self.page_size) if self.policy == "pool" else 0
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def usable_pages(self) -> int:
+        return self.num_pages - 1  # the scratch page is never handed out
 
     def allocate(self, seq_id: int, num_tokens: int, max_tokens: int | None = None) -> None:
         """Reserve pages for a new sequence whose first `num_tokens` tokens are about to be written and which

@@ -88,7 +88,7 @@ class EngineModel(nn.Module):
                   pool_tokens: int | None = None) -> PagedKVCache:
         return PagedKVCache(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                             page_size=page_size, policy=policy, max_seq_len=max_seq_len, max_batch=max_batch,
-                            dtype=self.dtype, pool_tokens=pool_tokens)
+                            dtype=self.dtype, pool_tokens=pool_tokens, device=self.cos_table.device)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos_table[positions].unsqueeze(-2), self.sin_table[positions].unsqueeze(-2)
@@ -112,8 +112,12 @@ class EngineModel(nn.Module):
                 all_logits: bool = False) -> torch.Tensor:
         """Prompts from position 0: token_ids, slots [seqs, seq_len], right-padded; lengths [seqs].
 
-        Returns logits [seqs, seq_len, vocab] when all_logits, else each prompt's last position's [seqs, vocab]."""
-        positions = torch.arange(token_ids.shape[1]).expand_as(token_ids)
+        Returns logits [seqs, seq_len, vocab] when all_logits (on the host: they are scored there), else each
+        prompt's last position's [seqs, vocab]."""
+        # The runner builds its inputs on the host; on an accelerator they move to the weights (no-op on the CPU).
+        device = self.cos_table.device
+        token_ids, slots, lengths = token_ids.to(device), slots.to(device), lengths.to(device)
+        positions = torch.arange(token_ids.shape[1], device=device).expand_as(token_ids)
         cos, sin = self._rope(positions)
         x = self.embed(token_ids)
         for t in (x, cos, sin, slots):
@@ -122,13 +126,17 @@ class EngineModel(nn.Module):
             torch._dynamo.maybe_mark_dynamic(t, 1)
         x = self._layers(x, StepInputs(prefill=True, cos=cos, sin=sin, slots=slots), self._cache)
         if not all_logits:
-            x = x[torch.arange(x.shape[0]), lengths - 1]
-        return self.logits(x)
+            x = x[torch.arange(x.shape[0], device=device), lengths - 1]
+            return self.logits(x)
+        return self.logits(x).cpu()
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                block_table: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
         """One token per row: token_ids, positions, slots [batch]; returns logits [batch, vocab]."""
+        device = self.cos_table.device  # host-built step inputs move to the weights (no-op on the CPU)
+        token_ids, positions, slots, block_table, context_mask = (
+            t.to(device) for t in (token_ids, positions, slots, block_table, context_mask))
         cos, sin = self._rope(positions)
         step = StepInputs(prefill=False, cos=cos, sin=sin, slots=slots, block_table=block_table,
                           context_mask=context_mask)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autotune.engine.kv_cache import PagedKVCache
+from autotune.engine.kv_cache import OutOfPages, PagedKVCache
 from autotune.engine.model import EngineModel
 
 __all__ = ["Request", "Completion", "Runner", "Sampling"]
@@ -166,19 +166,34 @@ class Runner:
         waiting = deque(completions)
         running: list[_Running] = []
         while waiting or running:
-            batch = []
-            while waiting and len(running) + len(batch) < self.max_batch and self.cache.can_admit(
-                    len(waiting[0].request.prompt_ids) + waiting[0].request.max_new_tokens):
-                batch.append(waiting.popleft())
+            for r in running:
+                if r.completion.finish_reason:
+                    self.cache.free(r.seq_id)
+            running = [r for r in running if not r.completion.finish_reason]
+            batch = self._admissible(waiting, len(running))
             if batch:
                 running.extend(self._admit(batch))
-            done = [r for r in running if r.completion.finish_reason]
-            for r in done:
-                self.cache.free(r.seq_id)
-            running = [r for r in running if not r.completion.finish_reason]
-            if running:
-                self._decode_step(running)
+            running_now = [r for r in running if not r.completion.finish_reason]
+            if running_now:
+                self._decode_step(running_now)
         return completions
+
+    def _admissible(self, queue: deque[Completion], running: int) -> list[Completion]:
+        """Take from the queue what fits now: free batch rows and (pool policy) the pages each request reserves,
+        counting what the earlier ones of this batch take."""
+        batch: list[Completion] = []
+        pages = 0
+        while queue and running + len(batch) < self.max_batch:
+            req = queue[0].request
+            need = self.cache.pages_to_admit(len(req.prompt_ids) + req.max_new_tokens)
+            if pages + need > self.cache.free_pages:
+                if need > self.cache.usable_pages:
+                    raise OutOfPages(f"a request of up to {len(req.prompt_ids) + req.max_new_tokens} tokens needs "
+                                     f"{need} pages; the pool holds {self.cache.usable_pages}")
+                break
+            pages += need
+            batch.append(queue.popleft())
+        return batch
 
     # Step-wise API for serving: requests join while others run; the caller drives step() from one thread.
     def submit(self, request: Request, arrival: float | None = None) -> Completion:
@@ -201,9 +216,7 @@ class Runner:
         finished = [r.completion for r in self._running if r.completion.finish_reason]
         self._release()
         batch: list[Completion] = []
-        while self._waiting and len(self._running) + len(batch) < self.max_batch and self.cache.can_admit(
-                len(self._waiting[0].request.prompt_ids) + self._waiting[0].request.max_new_tokens):
-            completion = self._waiting.popleft()
+        for completion in self._admissible(self._waiting, len(self._running)):
             (finished if completion.finish_reason else batch).append(completion)
         if batch:
             self._running.extend(self._admit(batch))

@@ -1,0 +1,130 @@
+"""What a trial needs from the accelerator it runs on: placement, synchronisation for timing, peak memory from the
+device's allocator, the compile path of each fusion level, the quantized linear path of each scheme, and the knobs
+the hardware cannot honour. The CPU path of the engine does not go through a Device (it predates this interface
+and stays byte-for-byte as it was); CUDA and NPU trials do."""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.errors import BackendUnavailable
+from autotune.space import SearchSpace
+
+__all__ = ["CompileOptions", "Limit", "Device", "CpuDevice", "DEVICES", "get_device", "apply_limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    """How one fusion level compiles a segment: `backend` is "inductor" or "torchair"; the rest are that
+    backend's settings (torch.compile's `mode`, inductor freezing, torchair's CompilerConfig fields)."""
+
+    backend: str
+    mode: str | None = None
+    freezing: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A dimension the device cannot honour in full: `remove` lists the values it cannot run (None: the whole
+    dimension goes), with the reason recorded in the space."""
+
+    dimension: str
+    remove: tuple[Any, ...] | None
+    reason: str
+
+
+def apply_limits(space: SearchSpace, limits: list[Limit]) -> SearchSpace:
+    """The space without what `limits` removes; each removal's reason lands in `space.dropped`."""
+    for limit in limits:
+        if limit.dimension not in {d.name for d in space.dimensions}:
+            continue
+        values = space.dimension(limit.dimension).values
+        keep = () if limit.remove is None else tuple(v for v in values if v not in limit.remove)
+        if keep != values:
+            space = space.restrict(limit.dimension, keep, limit.reason)
+    return space
+
+
+class Device(ABC):
+    """Contract: `torch_device` names where tensors live; `synchronize()` waits for queued work (timing reads a
+    host clock only after it); `reset_peak_memory()` / `peak_memory_bytes()` bracket a measurement with the device
+    allocator's high-water mark; `compile_options(level)` is a pure mapping (None: eager); `quantizer(scheme)`
+    returns the engine Quantizer that runs the scheme on this device; `limits()` lists what it cannot honour."""
+
+    name: str = ""
+    torch_device: str = "cpu"
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def reset_peak_memory(self) -> None: ...
+
+    @abstractmethod
+    def peak_memory_bytes(self) -> int: ...
+
+    @abstractmethod
+    def compile_options(self, fusion_level: str) -> CompileOptions | None: ...
+
+    @abstractmethod
+    def quantizer(self, scheme: str): ...  # -> autotune.engine.quant.Quantizer
+
+    def limits(self) -> list[Limit]:
+        return []
+
+    def compile(self, fn: Callable, fusion_level: str) -> Callable:
+        """`fn` compiled as `compile_options(fusion_level)` says (unchanged when eager)."""
+        options = self.compile_options(fusion_level)
+        if options is None:
+            return fn
+        import torch
+
+        return torch.compile(fn, mode=options.mode)
+
+
+class CpuDevice(Device):
+    """The CPU as the engine already uses it: memory is the process's RSS high-water mark (autotune/memory.py),
+    compile modes are engine/build.py's COMPILE_MODES, quantizers engine/quant.py's QUANTIZERS."""
+
+    name = "cpu"
+    torch_device = "cpu"
+
+    def synchronize(self) -> None:
+        return None  # CPU kernels return when done
+
+    def reset_peak_memory(self) -> None:
+        from autotune.memory import reset_peak
+
+        reset_peak()
+
+    def peak_memory_bytes(self) -> int:
+        from autotune.memory import peak_rss_bytes
+
+        return peak_rss_bytes()
+
+    def compile_options(self, fusion_level: str) -> CompileOptions | None:
+        from autotune.engine.build import COMPILE_MODES
+
+        mode = COMPILE_MODES[fusion_level]
+        return None if mode is None else CompileOptions("inductor", freezing=mode == "freezing")
+
+    def quantizer(self, scheme: str):
+        from autotune.engine.quant import QUANTIZERS
+
+        return QUANTIZERS[scheme]()
+
+
+# Imported on demand: the CUDA and NPU modules must load on a machine without their packages.
+DEVICES: dict[str, str] = {"cpu": "autotune.backends.device:CpuDevice", "cuda": "autotune.backends.cuda:CudaDevice",
+                           "npu": "autotune.backends.npu:NpuDevice"}
+
+
+def get_device(name: str) -> Device:
+    if name not in DEVICES:
+        raise BackendUnavailable(f"no device {name!r}; known: {', '.join(DEVICES)}")
+    module, _, cls = DEVICES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,124 @@
+"""One contract, every backend: the same tests run against each registered backend. A backend that cannot run on
+this machine is skipped with its own `unavailable()` reason, never passed. Tiny models only: seconds on a CPU."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from autotune.backends import BACKENDS
+from autotune.backends.base import Backend
+from autotune.config import FUSION_LEVELS, DeployConfig
+from autotune.space import load_space
+from autotune.trial import Job
+
+# Backends that model hardware they do not run on get a profile (the simulator: the card of the device check).
+_HARDWARE = {"sim": "h200"}
+
+
+def _make(name: str) -> Backend:
+    cls = BACKENDS[name]
+    return cls(_HARDWARE.get(name)) if getattr(cls, "takes_hardware", False) else cls()  # type: ignore[call-arg]
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request) -> Backend:
+    instance = _make(request.param)
+    reason = instance.unavailable()
+    if reason:
+        pytest.skip(f"backend {request.param!r} is absent here: {reason}")
+    return instance
+
+
+@pytest.fixture
+def device(backend):
+    """The backend's Device (placement, sync, memory, compile, quantizers); backends without one are skipped."""
+    from autotune.backends.device import DEVICES, get_device
+
+    if not backend.measured or backend.name not in DEVICES:
+        pytest.skip(f"backend {backend.name!r} places nothing on a device (it predicts)")
+    return get_device(backend.name)
+
+
+# ---- the Backend contract --------------------------------------------------------------------------------------
+
+def test_adapt_space_records_every_removal(backend):
+    space = load_space()
+    adapted = backend.adapt_space(space)
+    for dim in space.dimensions:
+        names = {d.name for d in adapted.dimensions}
+        if dim.name not in names:
+            assert adapted.dropped.get(dim.name), f"{dim.name} dropped without a reason"
+            continue
+        kept = adapted.dimension(dim.name).values
+        assert set(kept) <= set(dim.values), f"{dim.name} gained values"
+        if kept != dim.values:
+            assert adapted.dropped.get(dim.name), f"{dim.name} restricted without a reason"
+    assert adapted.grid_size() >= 1
+
+
+def test_fingerprint_names_the_hardware(backend):
+    fp = backend.fingerprint()
+    assert isinstance(fp["hardware"], str) and fp["hardware"]
+    assert "/" not in backend.hardware_name()  # used in recipe paths
+    json.dumps(fp)  # stored with the study
+
+
+def test_bad_job_is_an_error_result_not_an_exception(backend):
+    job = Job(kind="trial", model="no-such-model-anywhere", workload={}, config=DeployConfig().to_dict())
+    result = backend.run(job, timeout_s=120)
+    assert result["status"] == "error" and result["reason"]
+
+
+# ---- the Device contract ---------------------------------------------------------------------------------------
+
+def test_device_sync_and_peak_memory(device):
+    device.synchronize()
+    device.reset_peak_memory()
+    size = 64 * 2**20
+    block = torch.ones(size, dtype=torch.uint8, device=device.torch_device)  # touched: resident on every device
+    device.synchronize()
+    assert device.peak_memory_bytes() >= size
+    del block
+
+
+def test_compile_mapping_per_fusion_level(device):
+    assert device.compile_options("O0") is None  # eager
+    fused = [device.compile_options(level) for level in FUSION_LEVELS if level != "O0"]
+    assert all(options is not None for options in fused)
+    assert len(set(map(repr, fused))) == len(fused), "each fused level must compile differently"
+    with pytest.raises(KeyError):
+        device.compile_options("O9")
+
+
+def _schemes(backend) -> tuple[str, ...]:
+    return backend.adapt_space(load_space()).dimension("quant").values
+
+
+def test_quantized_linear_path_per_scheme(backend, device):
+    torch.manual_seed(0)
+    layer = nn.Linear(128, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device)
+    x = torch.randn(4, 128, dtype=torch.bfloat16, device=device.torch_device)
+    expected = layer(x).float()
+    for scheme in _schemes(backend):
+        model = nn.Sequential(nn.Linear(128, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device))
+        model[0].weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+        device.quantizer(scheme).apply(model, lambda m, fqn: isinstance(m, nn.Linear))
+        with torch.inference_mode():
+            out = model(x)
+        assert out.shape == (4, 256) and out.dtype == torch.bfloat16, scheme
+        err = (out.float() - expected).norm() / expected.norm()
+        assert err < 0.15, f"{scheme}: relative error {err:.3f}"
+
+
+def test_engine_runs_on_the_device(device, tiny_llama):
+    from autotune.engine import Request, build_engine
+
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=16), device=device)
+    assert engine.model.cos_table.device.type == torch.device(device.torch_device).type
+    runner = engine.runner(max_seq_len=64)
+    assert runner.cache.k_pools[0].device.type == torch.device(device.torch_device).type
+    outs = runner.run([Request([1, 5, 9, 11], 6, min_new_tokens=6), Request([3, 4], 6, min_new_tokens=6)])
+    assert [len(c.output_ids) for c in outs] == [6, 6]
