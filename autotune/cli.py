@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--out", default="recipes", help="where recipes are written")
+    s.add_argument("--no-warm-start", dest="warm_start", action="store_false",
+                   help="do not try the recipes already under --out for this model and hardware first")
     s.add_argument("--requests", type=_positive(int), default=16, help="requests per benchmark run")
     s.add_argument("--prompt-tokens", type=_range, default=(112, 144), help="MIN:MAX prompt tokens")
     s.add_argument("--output-tokens", type=_positive(int), default=64)
@@ -137,18 +139,11 @@ def _models() -> int:
 
 
 def _show(args) -> int:
-    import optuna
 
     from autotune.results import pareto_table, study_summary
-    from autotune.storage import default_storage, open_storage, redact, resolve_url
+    from autotune.storage import load_existing_study
 
-    url = resolve_url(args.storage or default_storage(args.study))
-    storage = open_storage(url)
-    try:
-        study = optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UserInputError(f"no study {args.study!r} in {redact(url)}; studies there: {names or 'none'}") from None
+    study, _ = load_existing_study(args.study, args.storage)
     print(study_summary(study))
     print(pareto_table(study))
     return 0

@@ -5,19 +5,13 @@ import optuna
 
 from autotune.errors import UserInputError
 from autotune.results import study_summary, write_recipes
-from autotune.storage import default_storage, open_storage, redact
+from autotune.storage import load_existing_study
 
 __all__ = ["export", "load_study"]
 
 
 def load_study(name: str, url: str | None) -> tuple[optuna.Study, str]:
-    url = url or default_storage(name)
-    storage = open_storage(url)
-    try:
-        return optuna.load_study(study_name=name, storage=storage), url
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UserInputError(f"no study {name!r} in {redact(url)}; studies there: {names or 'none'}") from None
+    return load_existing_study(name, url)
 
 
 def export(args) -> int:

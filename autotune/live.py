@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from autotune.progress import subscribe, unsubscribe
-from autotune.study import OBJECTIVES
 
 __all__ = ["LiveDisplay", "live_progress", "stage_of"]
 
@@ -105,14 +104,9 @@ class LiveDisplay:
 
     @staticmethod
     def _best(study) -> str:
-        feasible = study.best_trials
-        if not feasible:
-            return "no feasible trial yet"
-        parts = []
-        for i, (name, direction) in enumerate(OBJECTIVES):
-            pick = (max if direction == "maximize" else min)(feasible, key=lambda t: t.values[i])
-            parts.append(f"{name} {pick.values[i]:.1f} (#{pick.number})")
-        return "best: " + " | ".join(parts)
+        from autotune.study import best_so_far
+
+        return best_so_far(study, sep=" | ")
 
     def status(self) -> list[str]:
         now = time.monotonic()

@@ -38,11 +38,10 @@ def tally(trials: list[FrozenTrial]) -> tuple[int, int, int]:
 
 
 def budget_target(study: optuna.Study, new_trials: int) -> int:
-    """The study's total budget: an unfinished campaign (interrupted) is resumed towards its own target;
-    otherwise `new_trials` more than are done. Stored on the study, where `autotune worker` reads it."""
+    """The study's total budget: `new_trials` more than are done (finished trials are kept, --trials counts new
+    ones, also after an interrupted or time-limited run). Stored on the study, where `autotune worker` reads it."""
     done, _, _ = tally(study.get_trials(deepcopy=False))
-    stored = study.user_attrs.get(TARGET_ATTR)
-    target = stored if isinstance(stored, int) and stored > done else done + new_trials
+    target = done + new_trials
     study.set_user_attr(TARGET_ATTR, target)
     return target
 

@@ -17,6 +17,7 @@ from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
 from autotune.trial import Job
 from autotune.weights import model_checksum
 from autotune.worker import SETTINGS_ATTR, make_backend, run_local_workers, settings_attr
+from autotune.warm_start import enqueue_recipes
 from autotune.workload import Workload
 
 __all__ = ["search"]
@@ -102,9 +103,11 @@ def search(args) -> int:
     study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, args.backend, hardware,
                                                      str(args.space or DEFAULT_SPACE), args.isolate))
     target = budget_target(study, args.trials)
+    if not any(t.params == space.baseline_params() for t in study.trials):
+        study.enqueue_trial(space.baseline_params(), user_attrs={"role": "baseline"}, skip_if_exists=True)
+    if args.warm_start and backend.measured:
+        enqueue_recipes(study, space, args.out, spec.name, study.user_attrs["hardware"]["hardware"])
     if args.workers > 1:
-        if not any(t.params == space.baseline_params() for t in study.trials):
-            study.enqueue_trial(space.baseline_params(), user_attrs={"role": "baseline"}, skip_if_exists=True)
         run_local_workers(args.workers, study_name, settings.storage)
     else:
         run_search(settings, space, backend, study, space.baseline_params(), target=target)

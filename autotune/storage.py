@@ -11,7 +11,7 @@ import optuna
 
 from autotune.errors import StorageError, UserInputError
 
-__all__ = ["default_storage", "open_storage", "redact", "resolve_url", "scrub", "heartbeat_seconds",
+__all__ = ["load_existing_study", "default_storage", "open_storage", "redact", "resolve_url", "scrub", "heartbeat_seconds",
            "PASSWORD_ENV"]
 
 PASSWORD_ENV = "AUTOTUNE_STORAGE_PASSWORD"
@@ -114,3 +114,14 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         if "No module named 'psycopg'" in text or "psycopg" in first and "module" in first:
             first = "the PostgreSQL driver is missing: pip install -e '.[pg]'"
         raise StorageError(f"cannot open study storage {redact(url)}: {scrub(first, url)}") from None
+
+
+def load_existing_study(name: str, url: str | None, password_file: str | None = None) -> tuple[optuna.Study, str]:
+    """A study that must exist already; a missing one is a user error that lists what the storage holds."""
+    url = resolve_url(url or default_storage(name), password_file)
+    storage = open_storage(url)
+    try:
+        return optuna.load_study(study_name=name, storage=storage), url
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        raise UserInputError(f"no study {name!r} in {redact(url)}; studies there: {names or 'none'}") from None

@@ -109,7 +109,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, 
     return f"FAILED: {result.get('reason', 'unknown error')}"
 
 
-def _best_so_far(study: optuna.Study) -> str:
+def best_so_far(study: optuna.Study, sep: str = ", ") -> str:
     # The best value of each objective among feasible trials is always on the (constrained) Pareto front.
     feasible = study.best_trials
     if not feasible:
@@ -118,7 +118,7 @@ def _best_so_far(study: optuna.Study) -> str:
     for i, (name, direction) in enumerate(OBJECTIVES):
         pick = (max if direction == "maximize" else min)(feasible, key=lambda t: t.values[i])
         parts.append(f"{name} {pick.values[i]:.1f} (#{pick.number})")
-    return "best: " + ", ".join(parts)
+    return "best: " + sep.join(parts)
 
 
 def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
@@ -183,5 +183,5 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                 raise
         ran += 1
         record_hit_rates(study)
-        log(f"  {_best_so_far(study)}")
+        log(f"  {best_so_far(study)}")
         notify("told", study=study, number=trial.number)

@@ -14,7 +14,7 @@ from autotune.errors import UserInputError
 from autotune.progress import log
 from autotune.scheduling import worker_id
 from autotune.space import load_space
-from autotune.storage import PASSWORD_ENV, _password, open_storage, redact, resolve_url
+from autotune.storage import PASSWORD_ENV, _password, load_existing_study, redact
 from autotune.study import SearchSettings, make_sampler, run_search
 from autotune.workload import Workload
 
@@ -58,13 +58,7 @@ def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[S
 
 
 def worker(args) -> int:
-    url = resolve_url(args.storage, getattr(args, "storage_password_file", None))
-    storage = open_storage(url)
-    try:
-        study = optuna.load_study(study_name=args.study, storage=storage)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-        raise UserInputError(f"no study {args.study!r} in {redact(url)}; studies there: {names or 'none'}") from None
+    study, url = load_existing_study(args.study, args.storage, getattr(args, "storage_password_file", None))
     settings, saved = _settings(study, url, args.worker_index)
     study.sampler = make_sampler(settings.sampler, settings.seed)
     backend = make_backend(saved["backend"], saved["hardware"], saved["isolate"], settings.trial_memory_mb)

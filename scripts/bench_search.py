@@ -1,7 +1,7 @@
 """Run the default search, then measure its best gate-passing configuration at batch 8 side by side with the
 speed baseline (transformers generate, bf16, eager, batch 8) in this one run, and print the table.
 
-    python scripts/bench_search.py [--trials 10] [--rounds 2] [--study bench-search]
+    python scripts/bench_search.py [--trials N] [--rounds 2] [--study bench-search]
 
 Each measurement is its own isolated job (fresh process, warm-up, repeats, medians); baseline and candidate
 alternate, `--rounds` times, so that drifts of the machine hit both alike. The ratio is of medians."""
@@ -28,7 +28,7 @@ from autotune.workload import Workload  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--trials", type=int, default=None, help="default: the search's own default")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--study", default=f"bench-search-{int(time.time())}")
     parser.add_argument("--storage", default="sqlite:///studies/bench-search.db")
@@ -37,7 +37,7 @@ def main() -> int:
     started = time.perf_counter()
     if not args.skip_search:
         cmd = [sys.executable, "-m", "autotune.cli", "search", "--study", args.study, "--storage", args.storage,
-               "--trials", str(args.trials), "--out", "recipes"]
+               "--out", "recipes", *(["--trials", str(args.trials)] if args.trials else [])]
         print("$", " ".join(cmd[2:]), flush=True)
         subprocess.run(cmd, check=True)
     search_s = time.perf_counter() - started

@@ -4,7 +4,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-import torch
 from torch import nn
 
 from autotune.errors import TrialFailure

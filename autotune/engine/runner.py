@@ -117,7 +117,8 @@ class Runner:
             lengths[i] = n
             gen = None
             if req.sampling.temperature > 0:
-                gen = torch.Generator()
+                # On the logits' device: multinomial draws there (CPU, CUDA or NPU).
+                gen = torch.Generator(device=self.model.lm_head.weight.device)
                 gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
             admitted.append(_Running(seq_id, completion, n, gen))
         logits = self.model.prefill(ids, slots, lengths)
