@@ -53,14 +53,15 @@ def _fail_stale(study: optuna.Study) -> None:
 
 
 def wait_for_slot(study: optuna.Study, target: int, patience_s: float) -> int | None:
-    """The number of done trials when this worker should ask for a trial; None when it should stop. When the budget is taken but other workers' trials are
-    still running, wait: if one of them dies, its retry needs a live worker. Gives up after `patience_s`
+    """The number of done trials when this worker should ask for a trial; None when it should stop. The budget
+    bounds enqueued trials too (warm start, retries): what is left waiting runs first next time. When the budget
+    is taken but other workers' trials are still running, wait: if one of them dies, its retry needs a live worker. Gives up after `patience_s`
     (longer than any trial may run), so that a trial left RUNNING without a heartbeat cannot hold it forever."""
     since = time.monotonic()
     while True:
         _fail_stale(study)
         done, running, waiting = tally(study.get_trials(deepcopy=False))
-        if waiting or done + running < target:
+        if done + running < target:
             return done
         if not running or time.monotonic() - since > patience_s:
             return None

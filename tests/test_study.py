@@ -146,3 +146,15 @@ def test_memory_budget_makes_trials_infeasible(tmp_path):
     front = pareto_trials(study)
     assert all(t.user_attrs["bench"]["peak_memory_mb"] <= 340.0 for t in front)
     assert any(t.user_attrs.get("bench", {}).get("peak_memory_mb", 0) > 340.0 for t in study.trials)
+
+
+def test_enqueued_trials_do_not_exceed_the_budget(tmp_path):
+    space = load_space(DEFAULT_SPACE)
+    study = _study(tmp_path)
+    base = space.baseline_params()
+    for batch_size in (1, 2, 4):
+        study.enqueue_trial({**base, "batch_size": batch_size})
+    run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study, base)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 2
+    assert states.count(optuna.trial.TrialState.WAITING) == 2  # left for the next run, which takes them first
