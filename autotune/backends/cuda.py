@@ -3,14 +3,10 @@ the CUDA caching allocator's peak statistics, CUDA events for timing. Each trial
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autotune.backends.base import Backend
-from autotune.backends.device import CompileOptions, Device, Limit, apply_limits
-from autotune.backends.isolated import run_isolated
-from autotune.space import SearchSpace
-from autotune.trial import Job
+from autotune.backends.accelerator import AcceleratorBackend
+from autotune.backends.device import CompileOptions, Device, Limit
 
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
@@ -99,18 +95,14 @@ class CudaDevice(Device):
         return start.elapsed_time(end) / 1e3
 
 
-class CudaBackend(Backend):
+class CudaBackend(AcceleratorBackend):
     name = "cuda"
 
     def unavailable(self) -> str | None:
         return cuda_unavailable()
 
-    def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        return apply_limits(space, CudaDevice().limits())
-
-    def run(self, job: Job, timeout_s: float) -> dict:
-        # The child builds and measures on the GPU (autotune/trial.py reads job.device).
-        return run_isolated(replace(job, device="cuda"), timeout_s)
+    def device(self) -> CudaDevice:
+        return CudaDevice()
 
     def fingerprint(self) -> dict:
         import torch

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from autotune.backends.base import Backend
-from autotune.backends.device import CompileOptions, Device, Limit, apply_limits
-from autotune.backends.isolated import run_isolated
+from autotune.backends.accelerator import AcceleratorBackend
+from autotune.backends.device import CompileOptions, Device, Limit
 from autotune.backends.npu_mapping import NPU_UNSUPPORTED_QUANT, npu_power_reason, torchair_settings
-from autotune.space import SearchSpace
-from autotune.trial import Job
 
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
@@ -104,17 +100,14 @@ def _chip_name() -> str | None:
         return None
 
 
-class NpuBackend(Backend):
+class NpuBackend(AcceleratorBackend):
     name = "npu"
 
     def unavailable(self) -> str | None:
         return npu_unavailable()
 
-    def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        return apply_limits(space, NpuDevice().limits())
-
-    def run(self, job: Job, timeout_s: float) -> dict:
-        return run_isolated(replace(job, device="npu"), timeout_s)
+    def device(self) -> NpuDevice:
+        return NpuDevice()
 
     def fingerprint(self) -> dict:
         from importlib.metadata import version
