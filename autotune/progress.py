@@ -1,4 +1,4 @@
-"""Progress lines on stderr, so stdout stays for results; and events for a live display (autotune/live.py)."""
+"""Progress lines on stderr, so stdout stays for results; and events for a live display (autotune/cli/live.py)."""
 from __future__ import annotations
 
 import sys

@@ -4,7 +4,7 @@
 
 Enumerates every configuration of the (backend-adapted) default space, predicts each, and takes the exact
 Pareto front of (throughput max, TPOT p99 min, peak memory min) over the feasible ones and its hypervolume.
-Then runs each sampler of autotune.study.make_sampler through the same ask/tell loop as a study (baseline
+Then runs each sampler of autotune.study.loop.make_sampler through the same ask/tell loop as a study (baseline
 enqueued first; infeasible configurations are failed trials; repeats count as trials, as they do for a user's
 --trials) and prints the hypervolume reached after 25, 50, 100 and 200 trials as a fraction of the exact one,
 median over the seeds. Objectives are normalised by the exact front's range; the reference point is 1.1 x the front's nadir.
@@ -22,14 +22,15 @@ import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.backends.sim import SimBackend  # noqa: E402
-from autotune.config import DeployConfig  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
-from autotune.sim.predict import predict  # noqa: E402
-from autotune.space import SearchSpace, load_space  # noqa: E402
-from autotune.study import OBJECTIVES, SAMPLERS, make_sampler  # noqa: E402
-from autotune.workload import Workload  # noqa: E402
 from optuna._hypervolume import compute_hypervolume  # noqa: E402
+
+from autotune.backends.sim import SimBackend  # noqa: E402
+from autotune.config.deploy import DeployConfig  # noqa: E402
+from autotune.config.workload import Workload  # noqa: E402
+from autotune.models.registry import resolve_model  # noqa: E402
+from autotune.sim.predict import predict  # noqa: E402
+from autotune.space.search_space import SearchSpace, load_space  # noqa: E402
+from autotune.study.settings import OBJECTIVES, SAMPLERS, make_sampler  # noqa: E402
 
 CHECKPOINTS = (25, 50, 100, 200)
 

@@ -20,10 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import optuna  # noqa: E402
 
 from autotune.backends import get_backend  # noqa: E402
-from autotune.config import DeployConfig  # noqa: E402
-from autotune.results import pareto_trials  # noqa: E402
-from autotune.trial import Job  # noqa: E402
-from autotune.workload import Workload  # noqa: E402
+from autotune.config.deploy import DeployConfig  # noqa: E402
+from autotune.config.workload import Workload  # noqa: E402
+from autotune.results.front import pareto_trials  # noqa: E402
+from autotune.trial.job import Job, JobKind  # noqa: E402
 
 
 def main() -> int:
@@ -54,17 +54,17 @@ def main() -> int:
     base_runs, cand_runs = [], []
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}: baseline", flush=True)
-        base = backend.run(Job(kind="hf_baseline", baseline_batch=8, **common), 1800)
+        base = backend.run(Job(kind=JobKind.HF_BASELINE, baseline_batch=8, **common), 1800)
         print(f"round {r + 1}/{args.rounds}: {config.label()}", flush=True)
         gate = best.user_attrs.get("gate")
-        cand = backend.run(Job(kind="trial", config=config.to_dict(), threads=config.device_power, gate=gate,
+        cand = backend.run(Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=gate,
                                **common), 1800)
         for result in (base, cand):
-            if result.get("status") != "ok":
-                print("failed:", result.get("reason"), *result.get("log_tail", [])[-5:], sep="\n")
+            if not result.ok:
+                print("failed:", result.reason, *(result.log_tail or [])[-5:], sep="\n")
                 return 1
-        base_runs.append(base["bench"])
-        cand_runs.append(cand["bench"])
+        base_runs.append(base.bench)
+        cand_runs.append(cand.bench)
 
     def med(runs, key):
         return statistics.median(r[key] for r in runs)

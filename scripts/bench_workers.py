@@ -43,7 +43,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="autotune-bench-")
     url = args.storage or os.environ.get("AUTOTUNE_TEST_PG_URL") or f"sqlite:///{tmp}/bench.db"
     os.environ.setdefault("AUTOTUNE_CACHE", f"{tmp}/cache")
-    from autotune.storage import redact
+    from autotune.redact import redact
 
     print(f"storage {redact(url).split('?')[0]}, {args.trials} trials per run, {os.cpu_count()} CPUs, sim a100-80g")
     print(f"{'workers':>7} {'trials':>6} {'trials/min':>11} {'ms/trial':>9}")

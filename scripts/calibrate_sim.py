@@ -23,6 +23,7 @@ from autotune.sim.anchors import borrowed, cpu_trial_anchors, published_groups  
 from autotune.sim.fit import BOUNDS, CPU_FIT, Anchor, anchor_errors, fit_factors, with_factors  # noqa: E402
 from autotune.sim.hardware import HardwareProfile, load_profile, profile_path  # noqa: E402
 
+
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 

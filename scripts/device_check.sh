@@ -33,7 +33,7 @@ import sys
 
 import optuna
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 study = optuna.load_study(study_name=sys.argv[1], storage=sys.argv[2])

@@ -30,7 +30,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "autotune.cli", "report", "--study", STUDY, "--out", "report.html"],
                        cwd=tmp, env=env, check=True)
         os.chdir(tmp)
-        from autotune.dashboard import make_dashboard_server
+        from autotune.results.dashboard import make_dashboard_server
 
         server = make_dashboard_server(f"sqlite:///studies/{STUDY}.db", Path("studies/artifacts"), "127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -62,7 +62,7 @@ def published(loo: bool) -> None:
         for i, (a, pred) in enumerate(anchor_errors(profile, anchors)):
             print(_row(a, pred, held.get(i)))
     # FACTS.md's roofline statement: 7B W8A16 weights over 1.2 TB/s ~ 5.8 ms per token on a 910.
-    from autotune.models import resolve_model
+    from autotune.models.registry import resolve_model
     from autotune.sim.cost import streamed_weight_bytes
 
     ideal = streamed_weight_bytes(resolve_model("llama-7b"), "w8a16") / (load_profile("ascend910").bandwidth_gbs * 1e9)

@@ -16,8 +16,8 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_atte
 
 @pytest.fixture(scope="session")
 def smollm2_folder():
-    from autotune.models import resolve_model
-    from autotune.weights import weights_folder
+    from autotune.models.registry import resolve_model
+    from autotune.models.weights import weights_folder
 
     return weights_folder(resolve_model("smollm2-135m"))
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 
 TINY_WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
                  "seed": 0}
@@ -25,8 +25,8 @@ def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-c
                measured: bool = True) -> tuple[optuna.Study, str]:
     """points: (config, bench, gate, constraints) per trial; a gate with passed False is recorded as pruned."""
     from autotune.backends.cpu import CpuBackend
-    from autotune.models import resolve_model
-    from autotune.weights import model_checksum
+    from autotune.models.registry import resolve_model
+    from autotune.models.weights import model_checksum
 
     url = f"sqlite:///{storage_dir / (name + '.db')}"
     study = optuna.create_study(study_name=name, storage=url, directions=["maximize", "minimize", "minimize"],
@@ -58,7 +58,7 @@ def config(**kw) -> dict:
 
 def tiny_recipe(tmp: Path, model: Path, **config_kw) -> Path:
     """Export one recipe of the tiny model (configuration `config_kw`) and return its path."""
-    from autotune.results import write_recipes
+    from autotune.results.export import write_recipes
 
     study, url = make_study(tmp, model, tmp, name=f"tiny-{len(list(tmp.glob('*.db')))}",
                             points=[(config(**config_kw), bench(200.0, 10.0, 100.0), GATE, {})])
@@ -71,7 +71,7 @@ class Served:
     def __init__(self, recipe_path: Path, max_queue: int = 64) -> None:
         import threading
 
-        from autotune.recipe import load_recipe
+        from autotune.recipes.recipe import load_recipe
         from autotune.serve import build_server
 
         self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from autotune.accuracy import compute_reference, evaluate_gate
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 from autotune.engine import build_engine
+from autotune.gate.accuracy import compute_reference, evaluate_gate
 
 
 def _windows(vocab: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -6,8 +6,9 @@ import pytest
 from optuna_dashboard import get_note
 from view_factory import scripted_study
 
-from autotune.annotate import annotate_study, artifact_dir
-from autotune.results import pareto_trials
+from autotune.results.annotate import annotate_study, artifact_dir
+from autotune.results.front import pareto_trials
+from autotune.study.optuna_private import live_trial, study_system_attrs, trial_id
 
 
 @pytest.fixture()
@@ -19,8 +20,8 @@ def study(tmp_path, monkeypatch):
 def _artifacts(st: optuna.Study, trial) -> list[dict]:
     import json
 
-    prefix = f"dashboard:artifacts:{trial._trial_id}:"
-    return [json.loads(v) for k, v in st._storage.get_study_system_attrs(st._study_id).items()
+    prefix = f"dashboard:artifacts:{trial_id(trial)}:"
+    return [json.loads(v) for k, v in study_system_attrs(st).items()
             if k.startswith(prefix) and json.loads(v) is not None]
 
 
@@ -30,7 +31,7 @@ def test_export_notes_every_pareto_trial_and_attaches_its_recipes(study, tmp_pat
     front = pareto_trials(st)
     assert front
     for t in front:
-        note = get_note(optuna.trial.Trial(st, t._trial_id))
+        note = get_note(live_trial(st, t))
         assert f"Pareto point #{t.number}" in note and "x the baseline" in note and "**Recipe:**" in note
         files = _artifacts(st, t)
         assert files and all((tmp_path / "artifacts" / f["artifact_id"]).is_file() for f in files)

@@ -10,9 +10,9 @@ from torch import nn
 
 from autotune.backends import BACKENDS
 from autotune.backends.base import Backend
-from autotune.config import FUSION_LEVELS, DeployConfig
-from autotune.space import load_space
-from autotune.trial import Job
+from autotune.config.deploy import FUSION_LEVELS, DeployConfig
+from autotune.space.search_space import load_space
+from autotune.trial.job import Job, Status
 
 # Backends that model hardware they do not run on get a profile (the simulator: the card of the device check).
 _HARDWARE = {"sim": "h200"}
@@ -35,7 +35,7 @@ def backend(request) -> Backend:
 @pytest.fixture
 def device(backend):
     """The backend's Device (placement, sync, memory, compile, quantizers); backends without one are skipped."""
-    from autotune.backends.device import DEVICES, get_device
+    from autotune.devices.registry import DEVICES, get_device
 
     if not backend.measured or backend.name not in DEVICES:
         pytest.skip(f"backend {backend.name!r} places nothing on a device (it predicts)")
@@ -69,7 +69,7 @@ def test_fingerprint_names_the_hardware(backend):
 def test_bad_job_is_an_error_result_not_an_exception(backend):
     job = Job(kind="trial", model="no-such-model-anywhere", workload={}, config=DeployConfig().to_dict())
     result = backend.run(job, timeout_s=120)
-    assert result["status"] == "error" and result["reason"]
+    assert result.status is Status.ERROR and result.reason
 
 
 # ---- the Device contract ---------------------------------------------------------------------------------------

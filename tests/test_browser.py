@@ -9,9 +9,10 @@ import optuna
 import pytest
 from view_factory import scripted_study
 
-from autotune.annotate import artifact_dir
-from autotune.report import build_report
-from autotune.results import pareto_trials
+from autotune.results.annotate import artifact_dir
+from autotune.results.front import pareto_trials
+from autotune.results.report import build_report
+from autotune.study.optuna_private import study_id
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).is_file(),
@@ -64,7 +65,7 @@ def test_report_renders_every_benchmarked_trial_without_errors(study, browser, t
 
 @pytest.fixture(scope="module")
 def dashboard(study):
-    from autotune.dashboard import make_dashboard_server
+    from autotune.results.dashboard import make_dashboard_server
 
     _, url, _ = study
     server = make_dashboard_server(url, artifact_dir(url), "127.0.0.1", 0)  # a free loopback port
@@ -82,7 +83,7 @@ def test_dashboard_shows_the_study_its_trials_and_a_pareto_note(study, browser, 
     page.goto(f"{dashboard}/dashboard")
     page.get_by_text(st.study_name, exact=False).first.wait_for()
     best = pareto_trials(st)[0]
-    page.goto(f"{dashboard}/dashboard/studies/{st._study_id}/trials?numbers={best.number}")
+    page.goto(f"{dashboard}/dashboard/studies/{study_id(st)}/trials?numbers={best.number}")
     page.get_by_text(f"Pareto point #{best.number}").wait_for(timeout=20_000)
     body = page.inner_text("body")
     assert f"{len(st.trials)} Trials" in body

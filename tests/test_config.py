@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 
 
 def test_split_only_with_fusion():

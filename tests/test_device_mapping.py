@@ -8,18 +8,20 @@ import sys
 import pytest
 import torch
 
-from autotune.backends.cuda import CUDA_COMPILE, CudaBackend, CudaDevice, cuda_unavailable
-from autotune.backends.npu import NpuBackend, NpuDevice, npu_unavailable
-from autotune.backends.npu_mapping import (
+from autotune.backends.cuda import CudaBackend
+from autotune.backends.npu import NpuBackend
+from autotune.config.deploy import FUSION_LEVELS, QUANT_SCHEMES
+from autotune.devices.cuda import CUDA_COMPILE, CudaDevice, cuda_unavailable
+from autotune.devices.npu import NpuDevice, npu_unavailable
+from autotune.devices.npu_mapping import (
     NPU_UNSUPPORTED_QUANT,
     TorchairSettings,
     npu_power_reason,
     npu_quant_op,
     torchair_settings,
 )
-from autotune.backends.npu_quant import quantize_weight_int8
-from autotune.config import FUSION_LEVELS, QUANT_SCHEMES
-from autotune.space import load_space
+from autotune.devices.npu_quant import quantize_weight_int8
+from autotune.space.search_space import load_space
 
 
 def test_torchair_settings_per_fusion_level():
@@ -81,7 +83,7 @@ def test_cuda_space_drops_power_with_reason():
 
 
 def test_cuda_int4_uses_the_tinygemm_layout():
-    assert CudaDevice().quantizer("w4a16")._config().int4_packing_format == "tile_packed_to_4d"
+    assert CudaDevice().quantizer("w4a16").config().int4_packing_format == "tile_packed_to_4d"
 
 
 def test_int8_weight_packing_round_trips():

@@ -8,9 +8,9 @@ import optuna
 import pytest
 import torch
 
-from autotune.config import DeployConfig
-from autotune.corpus import bench_prompts
+from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
+from autotune.gate.corpus import bench_prompts
 
 pytestmark = pytest.mark.e2e
 

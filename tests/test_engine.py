@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
 
 

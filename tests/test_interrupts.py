@@ -12,7 +12,8 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from autotune.storage import redact, resolve_url, scrub
+from autotune.redact import redact, scrub
+from autotune.study.storage import resolve_url
 
 
 def _env(tmp_path) -> dict:

@@ -11,9 +11,10 @@ from optuna.trial import TrialState
 
 from autotune.backends.faults import FAULTS_ENV, FaultBackend
 from autotune.backends.isolated import IsolatedBackend
-from autotune.config import DeployConfig
-from autotune.space import DEFAULT_SPACE, load_space
-from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
+from autotune.config.deploy import DeployConfig
+from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.loop import run_search
+from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,7 @@ def test_pool_policy_is_fixed_and_refuses_beyond_it():
 
 
 def test_pool_admits_only_what_fits_together_and_never_runs_out(tiny_llama):
-    from autotune.config import DeployConfig
+    from autotune.config.deploy import DeployConfig
     from autotune.engine import Request, build_engine
 
     engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=8, kv_policy="pool"), dtype=torch.float32)
@@ -61,7 +61,7 @@ def test_pool_admits_only_what_fits_together_and_never_runs_out(tiny_llama):
 
 
 def test_a_request_larger_than_the_pool_is_refused_clearly(tiny_llama):
-    from autotune.config import DeployConfig
+    from autotune.config.deploy import DeployConfig
     from autotune.engine import Request, build_engine
 
     engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="pool"), dtype=torch.float32)

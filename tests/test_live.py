@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import sys
 
-from autotune.live import LiveDisplay, live_progress, stage_of
+from autotune.cli.live import LiveDisplay, live_progress, stage_of
 from autotune.progress import log, notify
 
 

@@ -8,7 +8,7 @@ from recipe_factory import Served, tiny_recipe
 
 from autotune.cli import main
 from autotune.errors import UserInputError
-from autotune.loadtest import check_loopback, one_request
+from autotune.serve.loadtest import check_loopback, one_request
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import yaml
 from recipe_factory import GATE, bench, config, make_study
 
 from autotune.cli import main
-from autotune.recipe import SCHEMA_PATH, RecipeInvalid, load_recipe, recipe_checksum
+from autotune.recipes.recipe import SCHEMA_PATH, RecipeInvalid, load_recipe, recipe_checksum
 
 FAILED_GATE = {**GATE, "tie_aware_agreement": 0.9, "passed": False}
 

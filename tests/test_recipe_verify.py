@@ -8,8 +8,8 @@ from recipe_factory import bench, config, make_study
 
 from autotune.backends.sim import GATE_NOT_MEASURED
 from autotune.cli import main
-from autotune.recipe import load_recipe, recipe_checksum
-from autotune.results import write_recipes
+from autotune.recipes.recipe import load_recipe, recipe_checksum
+from autotune.results.export import write_recipes
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 from view_factory import scripted_study
 
 from autotune.cli import main
-from autotune.report import build_report
-from autotune.report_data import points, recipe_rows, search_cost
+from autotune.results.report import build_report
+from autotune.results.report_data import points, recipe_rows, search_cost
 
 
 @pytest.fixture()

@@ -11,8 +11,8 @@ import pytest
 from recipe_factory import Served, tiny_recipe
 
 from autotune.engine import Request, build_engine
-from autotune.models import resolve_model
-from autotune.weights import load_hf_model, load_tokenizer
+from autotune.models.registry import resolve_model
+from autotune.models.weights import load_hf_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def served(recipe_path):
 
 @pytest.fixture(scope="module")
 def prompts(tiny_model_folder):
-    from autotune.corpus import bench_prompts
+    from autotune.gate.corpus import bench_prompts
 
     tok = load_tokenizer(resolve_model(str(tiny_model_folder)))
     texts = [tok.decode(p, skip_special_tokens=True) for p in bench_prompts(tok, 32, 8, 40, seed=3)]
@@ -38,7 +38,7 @@ def prompts(tiny_model_folder):
 
 def _offline(tiny_model_folder, recipe_path, texts, tok, max_new: int) -> list[list[int]]:
     """What the offline engine produces for the same prompts (greedy), all at once through Runner.run."""
-    from autotune.recipe import load_recipe
+    from autotune.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
     engine = build_engine(load_hf_model(resolve_model(str(tiny_model_folder))), recipe.config)

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from autotune.config import DeployConfig
-from autotune.models import resolve_model
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.models.registry import resolve_model
 from autotune.sim import load_profile, predict
 from autotune.sim.cost import ACT_BYTES
 from autotune.sim.hardware import list_profiles
-from autotune.workload import Workload
 
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 ACCELERATORS = [p for p in list_profiles() if p != "cpu-local"]  # cpu-local measures this machine first

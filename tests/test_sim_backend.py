@@ -5,11 +5,11 @@ import pytest
 
 from autotune.backends import get_backend
 from autotune.backends.sim import SimBackend
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
 from autotune.errors import BackendUnavailable, UserInputError
-from autotune.space import load_space
-from autotune.trial import Job
-from autotune.workload import Workload
+from autotune.space.search_space import load_space
+from autotune.trial.job import Job, Status
 
 BENCH_KEYS = {"throughput_tok_s", "throughput_min", "throughput_max", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
               "tpot_p99_ms", "peak_memory_mb", "kv_reserved_peak_mb", "kv_pages_peak", "repeats", "warmup_s"}
@@ -23,10 +23,10 @@ def test_results_are_labelled_simulated_and_shaped_like_a_trial():
     backend = get_backend("sim", "ascend910")
     assert backend.measured is False
     result = backend.run(_job(DeployConfig(quant="w8a16")), timeout_s=10)
-    assert result["status"] == "ok" and result["source"] == "simulated"
-    assert result["profile"].startswith("ascend910 v")
-    assert BENCH_KEYS <= set(result["bench"])
-    assert result["gate"]["measured"] is False
+    assert result.status is Status.OK and result.source == "simulated"
+    assert result.profile.startswith("ascend910 v")
+    assert BENCH_KEYS <= set(result.bench)
+    assert result.gate["measured"] is False
     assert backend.fingerprint()["simulated"] is True
 
 
@@ -34,9 +34,9 @@ def test_infeasible_and_unrunnable_jobs_come_back_with_reasons():
     backend = SimBackend("ascend910")
     big = Workload(num_requests=16, prompt_min=1024, prompt_max=1024, output_tokens=1024)
     result = backend.run(_job(DeployConfig(batch_size=16, kv_policy="preallocate"), big, "llama-13b"), 10)
-    assert result["status"] == "infeasible" and "GiB" in result["reason"] and result["source"] == "simulated"
+    assert result.status is Status.INFEASIBLE and "GiB" in result.reason and result.source == "simulated"
     ref = backend.run(Job(kind="reference", model="llama-7b", workload=Workload().to_dict()), 10)
-    assert ref["status"] == "error"
+    assert ref.status is Status.ERROR
 
 
 def test_space_adaptation_records_reasons():

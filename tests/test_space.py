@@ -4,9 +4,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 from autotune.errors import SpaceError
-from autotune.space import DEFAULT_SPACE, load_space
+from autotune.space.search_space import DEFAULT_SPACE, load_space
 
 
 def test_default_space_has_every_knob_and_a_valid_baseline():

@@ -5,11 +5,15 @@ import optuna
 import pytest
 
 from autotune.backends.base import Backend
-from autotune.config import DeployConfig
-from autotune.results import pareto_table, pareto_trials, write_recipes
-from autotune.space import DEFAULT_SPACE, load_space
-from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
-from autotune.workload import Workload
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.results.export import write_recipes
+from autotune.results.front import pareto_trials
+from autotune.results.tables import pareto_table
+from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.loop import run_search
+from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.trial.job import JobResult, Status
 
 
 class ScriptedBackend(Backend):
@@ -38,15 +42,15 @@ class ScriptedBackend(Backend):
                 "drift_first_divergence": 20, "positions": 5110, "tie_epsilon": 0.05, "min_agreement": 0.995,
                 "passed": agreement > 0.995}
         if config.quant == "w4a16":
-            return {"status": "error", "reason": "RuntimeError: kernel missing", "log_tail": ["boom"]}
+            return JobResult.error("RuntimeError: kernel missing", ["boom"])
         if not gate["passed"]:
-            return {"status": "gated", "gate": gate}
+            return JobResult(Status.GATED, gate=gate)
         tput = 100.0 * config.batch_size ** 0.5 * (1.3 if config.fusion_level != "O0" else 1.0)
         bench = {"throughput_tok_s": tput, "throughput_min": tput, "throughput_max": tput,
                  "tpot_p50_ms": 9.0, "tpot_p99_ms": 10.0 + config.batch_size, "ttft_p50_ms": 50.0,
                  "ttft_p99_ms": 60.0, "peak_memory_mb": 300.0 + 10 * config.batch_size + config.page_size / 8,
                  "kv_reserved_peak_mb": 1.0, "repeats": 1}
-        return {"status": "ok", "gate": gate, "bench": bench}
+        return JobResult(Status.OK, gate=gate, bench=bench)
 
 
 def _study(tmp_path, name="s"):
@@ -123,7 +127,7 @@ def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
 
 
 def test_cached_gate_failure_skips_the_build(tmp_path):
-    from autotune.gatecache import gate_key, store_gate
+    from autotune.gate.cache import gate_key, store_gate
 
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()

@@ -4,9 +4,9 @@ from __future__ import annotations
 import optuna
 import yaml
 
-from autotune.config import DeployConfig
-from autotune.space import DEFAULT_SPACE, load_space
-from autotune.warm_start import enqueue_recipes
+from autotune.config.deploy import DeployConfig
+from autotune.recipes.warm_start import enqueue_recipes
+from autotune.space.search_space import DEFAULT_SPACE, load_space
 
 
 def _recipe(folder, name, config: DeployConfig) -> None:

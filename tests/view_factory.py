@@ -7,9 +7,10 @@ from pathlib import Path
 import optuna
 from test_study import ScriptedBackend
 
-from autotune.results import write_recipes
-from autotune.space import DEFAULT_SPACE, load_space
-from autotune.study import OBJECTIVES, SearchSettings, make_sampler, run_search
+from autotune.results.export import write_recipes
+from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.loop import run_search
+from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 
 WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
             "seed": 0}
@@ -21,8 +22,8 @@ GATE_FIGURES = {"perplexity": 10.0, "reference_perplexity": 9.9, "kl_divergence"
 class FullGateBackend(ScriptedBackend):
     def run(self, job, timeout_s):
         result = super().run(job, timeout_s)
-        if "gate" in result:
-            result["gate"] = {**GATE_FIGURES, **result["gate"]}
+        if result.gate is not None:
+            result.gate = {**GATE_FIGURES, **result.gate}
         return result
 
 

@@ -1,15 +1,17 @@
-"""Backends by name: each implements autotune.backends.base.Backend."""
+"""Backends by name: each implements autotune.backends.base.Backend. They depend on the trial's job types, the
+devices and the simulator; nothing below them imports them."""
 from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.cuda import CudaBackend
 from autotune.backends.faults import FaultBackend
+from autotune.backends.isolated import IsolatedBackend
 from autotune.backends.npu import NpuBackend
 from autotune.backends.sim import SimBackend
 from autotune.errors import BackendUnavailable, UserInputError
 
-__all__ = ["Backend", "BACKENDS", "get_backend"]
+__all__ = ["Backend", "BACKENDS", "get_backend", "make_backend"]
 
 BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "cuda": CudaBackend, "npu": NpuBackend, "sim": SimBackend}
 # Test doubles: reachable by name (workers and child processes find them), never listed.
@@ -28,4 +30,15 @@ def get_backend(name: str, hardware: str | None = None) -> Backend:
     reason = backend.unavailable()
     if reason:
         raise BackendUnavailable(f"backend {name!r} cannot run here: {reason}")
+    return backend
+
+
+def make_backend(name: str, hardware: str | None, isolate: bool, memory_mb: float | None) -> Backend:
+    """The backend of a study, with each trial's memory limit. In-process backends (the simulator) run each
+    trial in a child process when isolation is asked for, or when a memory limit must be enforced (it can only be
+    set on a process)."""
+    backend = get_backend(name, hardware)
+    if (isolate or memory_mb) and not backend.measured:
+        return IsolatedBackend(backend, memory_mb)
+    backend.memory_limit_mb = memory_mb
     return backend

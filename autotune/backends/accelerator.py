@@ -2,20 +2,18 @@
 limited to what that device can honour."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from autotune.backends.base import Backend
-from autotune.backends.device import Device, apply_limits
 from autotune.backends.isolated import run_isolated
-from autotune.space import SearchSpace
-from autotune.trial import Job
+from autotune.devices.base import Device, apply_limits
+from autotune.space.search_space import SearchSpace
+from autotune.trial.job import Job, JobResult
 
 __all__ = ["AcceleratorBackend"]
 
 
 class AcceleratorBackend(Backend):
     """A Backend whose `name` is also the device kind the child process builds and measures on
-    (autotune/trial.py reads job.device). Subclasses give `device()`, `unavailable()` and `fingerprint()`."""
+    (the child process builds on it: autotune/trial/child.py). Subclasses give `device()`, `unavailable()` and `fingerprint()`."""
 
     def device(self) -> Device:
         raise NotImplementedError
@@ -23,5 +21,5 @@ class AcceleratorBackend(Backend):
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
         return apply_limits(space, self.device().limits())
 
-    def run(self, job: Job, timeout_s: float) -> dict:
-        return run_isolated(replace(job, device=self.name), timeout_s)
+    def run(self, job: Job, timeout_s: float) -> JobResult:
+        return run_isolated(job, timeout_s, device=self.name, memory_limit_mb=self.memory_limit_mb)

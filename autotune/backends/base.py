@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from autotune.space import SearchSpace
-from autotune.trial import Job
+from autotune.space.search_space import SearchSpace
+from autotune.trial.job import Job, JobResult
 
 __all__ = ["Backend"]
 
@@ -14,13 +14,15 @@ class Backend(ABC):
     - `unavailable()` says why this backend cannot run here (None when it can): packages or hardware missing.
     - `adapt_space(space)` returns the space restricted to what the backend can honour; every removed value or
       dimension carries its reason in `SearchSpace.dropped`, nothing is faked.
-    - `run(job, timeout_s)` executes a Job and returns its result dict; a crash, hang or error in the job comes
-      back as {"status": "error", "reason": ...}, never as an exception.
+    - `run(job, timeout_s)` executes a Job and returns its JobResult; a crash, hang or error in the job comes
+      back as a result with status ERROR and its reason, never as an exception. A backend that runs jobs in a
+      child process enforces `memory_limit_mb` (None: unlimited) on it.
     - `fingerprint()` describes the hardware and software that produced the figures.
     `measured` is False for backends whose figures are predictions (the simulator)."""
 
     name: str = ""
     measured: bool = True
+    memory_limit_mb: float | None = None
 
     @abstractmethod
     def unavailable(self) -> str | None: ...
@@ -29,7 +31,7 @@ class Backend(ABC):
     def adapt_space(self, space: SearchSpace) -> SearchSpace: ...
 
     @abstractmethod
-    def run(self, job: Job, timeout_s: float) -> dict: ...
+    def run(self, job: Job, timeout_s: float) -> JobResult: ...
 
     @abstractmethod
     def fingerprint(self) -> dict: ...

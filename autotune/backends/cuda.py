@@ -1,98 +1,10 @@
-"""An NVIDIA GPU through torch.cuda: inductor with CUDA graphs for O2, torchao's int8 and int4 (tinygemm) kernels,
-the CUDA caching allocator's peak statistics, CUDA events for timing. Each trial runs in its own process."""
+"""NVIDIA GPUs as a backend: each trial in its own process on the CUDA device (autotune/devices/cuda.py)."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from autotune.backends.accelerator import AcceleratorBackend
-from autotune.backends.device import CompileOptions, Device, Limit
+from autotune.devices.cuda import CudaDevice, cuda_unavailable
 
-if TYPE_CHECKING:
-    from autotune.engine.quant import Quantizer
-
-__all__ = ["CUDA_COMPILE", "CudaDevice", "CudaBackend", "cuda_unavailable"]
-
-# Fusion level -> torch.compile on CUDA. O1: inductor's default (Triton kernels, no CUDA graphs); O2:
-# "max-autotune", which benchmarks GEMM/Triton choices and replays each graph as a CUDA graph (the per-step launch
-# overhead that dominates batch-1 decode), with freezing so weights are constants of the graph.
-CUDA_COMPILE: dict[str, CompileOptions | None] = {
-    "O0": None,
-    "O1": CompileOptions("inductor", mode="default"),
-    "O2": CompileOptions("inductor", mode="max-autotune", freezing=True, settings={"cuda_graphs": True}),
-}
-
-_INSTALL = "install a CUDA build of torch==2.13.0 (from the PyTorch wheel index for your CUDA version)"
-_POWER_REASON = ("device_power on CUDA would be a board power limit (nvidia-smi -pl), which needs root and changes "
-                 "the card for every user; not set by autotune")
-
-
-def cuda_unavailable() -> str | None:
-    """Why CUDA trials cannot run here, in one line naming what to install; None when they can."""
-    import torch
-
-    if torch.version.cuda is None:
-        return f"this torch {torch.__version__} has no CUDA support: {_INSTALL}"
-    if not torch.cuda.is_available():
-        return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
-                "(check the NVIDIA driver, nvidia-smi and CUDA_VISIBLE_DEVICES)")
-    return None
-
-
-class CudaDevice(Device):
-    name = "cuda"
-    torch_device = "cuda"
-
-    def synchronize(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-
-    def reset_peak_memory(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-
-    def peak_memory_bytes(self) -> int:
-        import torch
-
-        # Tensors only (weights, KV pools, activations, graph pools): what the allocator handed out at most.
-        return int(torch.cuda.max_memory_allocated())
-
-    def compile_options(self, fusion_level: str) -> CompileOptions | None:
-        return CUDA_COMPILE[fusion_level]
-
-    def compile(self, fn: Callable, fusion_level: str) -> Callable:
-        options = self.compile_options(fusion_level)
-        if options is None:
-            return fn
-        import torch
-        import torch._inductor.config
-
-        torch._inductor.config.freezing = options.freezing
-        return torch.compile(fn, mode=options.mode)
-
-    def quantizer(self, scheme: str) -> Quantizer:
-        # torchao's int8 configs dispatch to CUDA kernels by the weight's device; int4 needs its CUDA layout.
-        from autotune.backends.cuda_quant import CudaW4A16
-        from autotune.engine.quant import QUANTIZERS
-
-        return CudaW4A16() if scheme == "w4a16" else QUANTIZERS[scheme]()
-
-    def limits(self) -> list[Limit]:
-        return [Limit("device_power", None, _POWER_REASON)]
-
-    def elapsed_s(self, fn: Callable[[], object]) -> float:
-        """Seconds `fn` kept the GPU busy, from CUDA events around it."""
-        import torch
-
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
+__all__ = ["CudaBackend"]
 
 
 class CudaBackend(AcceleratorBackend):

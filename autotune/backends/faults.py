@@ -12,8 +12,8 @@ import os
 import time
 
 from autotune.backends.sim import SimBackend
-from autotune.config import DeployConfig
-from autotune.trial import Job
+from autotune.config.deploy import DeployConfig
+from autotune.trial.job import Job, JobKind, JobResult
 
 __all__ = ["FaultBackend", "FAULTS_ENV"]
 
@@ -22,7 +22,7 @@ FAULTS_ENV = "AUTOTUNE_FAULTS"
 
 def _fault_for(job: Job) -> str | None:
     rules = json.loads(os.environ.get(FAULTS_ENV) or "{}")
-    if job.kind != "trial":
+    if job.kind is not JobKind.TRIAL:
         return None
     return rules.get(DeployConfig(**job.config).label(), rules.get("*"))
 
@@ -51,7 +51,7 @@ def _inject(fault: str) -> None:
 class FaultBackend(SimBackend):
     name = "sim-faults"
 
-    def run(self, job: Job, timeout_s: float) -> dict:
+    def run(self, job: Job, timeout_s: float) -> JobResult:
         fault = _fault_for(job)
         if fault:
             _inject(fault)

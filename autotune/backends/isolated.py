@@ -13,10 +13,15 @@ from collections import deque
 from pathlib import Path
 
 from autotune.backends.base import Backend
-from autotune.space import SearchSpace
-from autotune.trial import Job
+from autotune.space.search_space import SearchSpace
+from autotune.trial.child import Envelope
+from autotune.trial.compiler_cache import compiler_cache_env
+from autotune.trial.job import Job, JobResult, Status
 
-__all__ = ["run_isolated", "IsolatedBackend"]
+__all__ = ["run_isolated", "IsolatedBackend", "TRIAL_ENTRY"]
+
+TRIAL_ENTRY = "autotune.trial"
+BACKEND_ENTRY = "autotune.backends.child"
 
 _SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGABRT: "aborted",
             signal.SIGILL: "illegal instruction", signal.SIGFPE: "floating-point exception"}
@@ -30,7 +35,7 @@ def _forward(stream, tail: deque[str]) -> None:
             print(line, file=sys.stderr, flush=True)
 
 
-def _signal_reason(returncode: int, job: Job) -> str:
+def _signal_reason(returncode: int) -> str:
     sig = -returncode
     try:
         name = signal.Signals(sig).name
@@ -42,27 +47,28 @@ def _signal_reason(returncode: int, job: Job) -> str:
     return f"crashed: killed by {name}" + (f" ({what})" if what else "")
 
 
-def _exit_reason(returncode: int, tail: deque[str], job: Job) -> str:
+def _exit_reason(returncode: int, tail: deque[str], memory_limit_mb: float | None) -> str:
     if returncode < 0:
-        return _signal_reason(returncode, job)
+        return _signal_reason(returncode)
     text = "\n".join(tail)
     if "MemoryError" in text or "std::bad_alloc" in text or "Cannot allocate memory" in text:
-        limit = f" of {job.memory_limit_mb:.0f} MB" if job.memory_limit_mb else ""
+        limit = f" of {memory_limit_mb:.0f} MB" if memory_limit_mb else ""
         return f"out of memory: the trial exceeded its memory limit{limit} (exited with code {returncode})"
     return f"exited with code {returncode}"
 
 
-def run_isolated(job: Job, timeout_s: float, env: dict[str, str] | None = None) -> dict:
-    from autotune.caches import compiler_cache_env
-
+def run_isolated(job: Job, timeout_s: float, *, device: str = "cpu", memory_limit_mb: float | None = None,
+                 entry: str = TRIAL_ENTRY, extra: dict | None = None, env: dict[str, str] | None = None) -> JobResult:
+    """Run `job` in `python -m ENTRY` (autotune/trial/child.py's protocol) on `device`, under the limits. The
+    default entry builds on the device (autotune/trial/__main__.py)."""
     with tempfile.TemporaryDirectory(prefix="autotune-trial-") as tmp:
         job_path, result_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(job.to_json())
+        job_path.write_text(Envelope(job, device, memory_limit_mb, extra or {}).to_json())
         tail: deque[str] = deque(maxlen=20)
         child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                      **compiler_cache_env(), **(env or {})}
         child_env.pop("AUTOTUNE_STORAGE_PASSWORD", None)  # a build never needs the study's secret
-        proc = subprocess.Popen([sys.executable, "-m", "autotune.trial", str(job_path), str(result_path)],
+        proc = subprocess.Popen([sys.executable, "-m", entry, str(job_path), str(result_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
                                 start_new_session=True)  # the child sets its own memory limit
         reader = threading.Thread(target=_forward, args=(proc.stdout, tail), daemon=True)
@@ -73,24 +79,23 @@ def run_isolated(job: Job, timeout_s: float, env: dict[str, str] | None = None) 
             proc.kill()
             proc.wait()
             reader.join(timeout=5)
-            return {"status": "error", "reason": f"timed out after {timeout_s:g} s (the trial's wall-clock limit)",
-                    "log_tail": list(tail)}
+            return JobResult.error(f"timed out after {timeout_s:g} s (the trial's wall-clock limit)", list(tail))
         except BaseException:
             proc.kill()  # Ctrl-C or SIGTERM: the child goes with the trial
             proc.wait()
             raise
         reader.join(timeout=5)
         if proc.returncode != 0 or not result_path.is_file():
-            return {"status": "error", "reason": _exit_reason(proc.returncode, tail, job), "log_tail": list(tail)}
-        result = json.loads(result_path.read_text())
-        if result.get("status") == "error":
-            result["log_tail"] = list(tail)
+            return JobResult.error(_exit_reason(proc.returncode, tail, memory_limit_mb), list(tail))
+        result = JobResult.from_dict(json.loads(result_path.read_text()))
+        if result.status is Status.ERROR:
+            result.log_tail = list(tail)
         return result
 
 
 class IsolatedBackend(Backend):
     """Wraps a backend that runs jobs in-process (the simulator): each job runs in a child process that calls
-    the wrapped backend there. `memory_limit_mb` is applied to jobs that carry no limit of their own."""
+    the wrapped backend there (autotune/backends/child.py), under `memory_limit_mb`."""
 
     def __init__(self, inner: Backend, memory_limit_mb: float | None = None) -> None:
         self.inner = inner
@@ -107,12 +112,9 @@ class IsolatedBackend(Backend):
     def fingerprint(self) -> dict:
         return self.inner.fingerprint()
 
-    def run(self, job: Job, timeout_s: float) -> dict:
-        from dataclasses import replace
-
-        child_job = replace(job, backend=self.inner.name, hardware=getattr(self.inner, "hardware", None),
-                            memory_limit_mb=job.memory_limit_mb or self.memory_limit_mb)
-        return run_isolated(child_job, timeout_s)
+    def run(self, job: Job, timeout_s: float) -> JobResult:
+        return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=BACKEND_ENTRY,
+                            extra={"backend": self.inner.name, "hardware": getattr(self.inner, "hardware", None)})
 
     def __getattr__(self, name: str):  # profile, hardware...: what callers read from the wrapped backend
         return getattr(self.inner, name)

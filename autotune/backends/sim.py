@@ -3,12 +3,14 @@ simulated. It measures nothing: not speed, not memory, and not the accuracy gate
 from __future__ import annotations
 
 from autotune.backends.base import Backend
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
-from autotune.models import resolve_model
-from autotune.space import SearchSpace
-from autotune.trial import Job
-from autotune.workload import Workload
+from autotune.models.registry import resolve_model
+from autotune.sim.hardware import HardwareProfile, list_profiles, load_profile
+from autotune.sim.predict import predict
+from autotune.space.search_space import SearchSpace
+from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["SimBackend", "GATE_NOT_MEASURED", "SIMULATOR_VERSION"]
 
@@ -28,12 +30,10 @@ class SimBackend(Backend):
 
     def __init__(self, hardware: str | None = None) -> None:
         self.hardware = hardware
-        self._profile = None
+        self._profile: HardwareProfile | None = None
 
     @property
-    def profile(self):
-        from autotune.sim.hardware import load_profile
-
+    def profile(self) -> HardwareProfile:
         if self._profile is None:
             if self.hardware is None:
                 raise AutotuneError("the sim backend has no hardware profile")
@@ -41,8 +41,6 @@ class SimBackend(Backend):
         return self._profile
 
     def unavailable(self) -> str | None:
-        from autotune.sim.hardware import list_profiles
-
         if self.hardware is None:
             return f"the simulator needs --hardware, one of: {', '.join(list_profiles())}"
         self.profile  # noqa: B018 - load now, so that a bad profile is a user error before any trial
@@ -65,23 +63,23 @@ class SimBackend(Backend):
             space = space.restrict("quant", keep, f"{profile.name} has no int8 matmul units")
         return space
 
-    def run(self, job: Job, timeout_s: float) -> dict:
-        from autotune.sim.predict import predict
-
-        if job.kind != "trial":
-            return {"status": "error", "reason": f"the simulator cannot run a {job.kind!r} job: it measures nothing"}
+    def run(self, job: Job, timeout_s: float) -> JobResult:
+        if job.kind is not JobKind.TRIAL:
+            return JobResult.error(f"the simulator cannot run a {job.kind.value!r} job: it measures nothing")
         try:
             prediction = predict(resolve_model(job.model), DeployConfig(**job.config), Workload(**job.workload),
                                  self.profile)
         except (AutotuneError, ValueError) as exc:
-            return {"status": "error", "reason": str(exc)}
-        labels = {"source": "simulated", "profile": self.profile.label,
-                  "versions": {"simulator": SIMULATOR_VERSION, "profile": self.profile.label,
-                               "calibration": self.profile.calibration_source}}
+            return JobResult.error(str(exc))
+        versions = {"simulator": SIMULATOR_VERSION, "profile": self.profile.label,
+                    "calibration": self.profile.calibration_source}
+        result = JobResult(Status.OK, source="simulated", profile=self.profile.label, versions=versions)
         if not prediction.feasible:
-            return {"status": "infeasible", "reason": f"simulated: {prediction.reason}", **labels}
-        return {"status": "ok", "bench": prediction.bench(), "gate": dict(GATE_NOT_MEASURED), "build_s": 0.0,
-                "prediction": prediction.to_dict(), **labels}
+            result.status, result.reason = Status.INFEASIBLE, f"simulated: {prediction.reason}"
+            return result
+        result.bench, result.gate, result.build_s = prediction.bench(), dict(GATE_NOT_MEASURED), 0.0
+        result.prediction = prediction.to_dict()
+        return result
 
     def fingerprint(self) -> dict:
         p = self.profile

@@ -6,9 +6,9 @@ import time
 import torch
 from torch import nn
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
 from autotune.engine.model import EngineModel
-from autotune.engine.quant import _decoder_linear, quantize_model
+from autotune.engine.quant import decoder_linear, quantize_model
 from autotune.engine.runner import Runner
 
 __all__ = ["Engine", "build_engine", "COMPILE_MODES"]
@@ -51,10 +51,10 @@ def _compile_segments(model: EngineModel, mode: str) -> None:
 
 
 def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype, device) -> EngineModel:
-    """The accelerator path (autotune/backends/device.py Device): weights move to the device before quantizing,
+    """The accelerator path (autotune/devices/base.py Device): weights move to the device before quantizing,
     so each quantizer packs for that device's kernels; each segment compiles as the device maps the fusion level."""
     model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None).to(device.torch_device)
-    device.quantizer(config.quant).apply(model, _decoder_linear)
+    device.quantizer(config.quant).apply(model, decoder_linear)
     if device.compile_options(config.fusion_level) is not None:
         import torch._dynamo
 
@@ -71,7 +71,7 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dty
 def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16,
                  device=None) -> Engine:
     """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. `device`: an accelerator's Device
-    (autotune/backends/device.py); None builds for this process's CPU, as before."""
+    (autotune/devices/base.py); None builds for this process's CPU, as before."""
     started = time.perf_counter()
     if device is not None:
         return Engine(_build_on_device(hf_model, config, dtype, device), config, time.perf_counter() - started)

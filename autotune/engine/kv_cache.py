@@ -5,9 +5,10 @@ import math
 
 import torch
 
-__all__ = ["KV_POLICIES", "PagedKVCache", "OutOfPages"]
+from autotune.config.deploy import KV_POLICIES
 
-KV_POLICIES = ("preallocate", "on_demand", "pool")
+__all__ = ["PagedKVCache", "OutOfPages"]
+
 
 # Page 0 is never handed out: padded batch rows write their throw-away K/V there.
 _SCRATCH_PAGE = 0

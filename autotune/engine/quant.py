@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 from torch import nn
 
+from autotune.engine.int4 import Int4Linear
 from autotune.errors import TrialFailure
 
-__all__ = ["Quantizer", "QUANTIZERS", "quantize_model"]
+__all__ = ["Quantizer", "TorchAOQuantizer", "Baseline", "QUANTIZERS", "decoder_linear", "quantize_model"]
 
 
 class Quantizer(ABC):
@@ -30,37 +31,39 @@ class Baseline(Quantizer):
         return None
 
 
-class _TorchAO(Quantizer):
-    def _config(self):
+class TorchAOQuantizer(Quantizer):
+    """A scheme that is one torchao config: subclasses give `config()`, applied with `quantize_`."""
+
+    def config(self):
         raise NotImplementedError
 
     def apply(self, model: nn.Module, select: Callable[[nn.Module, str], bool]) -> None:
         from torchao.quantization import quantize_
 
         try:
-            quantize_(model, self._config(), filter_fn=select)
+            quantize_(model, self.config(), filter_fn=select)
         except (RuntimeError, ImportError, NotImplementedError, ValueError) as exc:
             raise TrialFailure(f"torchao {type(self).__name__} cannot be applied here: {exc}") from exc
 
 
-class W8A16(_TorchAO):
+class W8A16(TorchAOQuantizer):
     """torchao int8 weight-only, per output channel; activations stay in the compute dtype."""
 
     weight_bits = 8
 
-    def _config(self):
+    def config(self):
         from torchao.quantization import Int8WeightOnlyConfig
 
         return Int8WeightOnlyConfig()
 
 
-class W8A8(_TorchAO):
+class W8A8(TorchAOQuantizer):
     """torchao dynamic int8 activations (per token) and int8 weights (per channel)."""
 
     weight_bits = 8
     activation_bits = 8
 
-    def _config(self):
+    def config(self):
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
         return Int8DynamicActivationInt8WeightConfig()
@@ -73,8 +76,6 @@ class W4A16(Quantizer):
     weight_bits = 4
 
     def apply(self, model: nn.Module, select: Callable[[nn.Module, str], bool]) -> None:
-        from autotune.engine.int4 import Int4Linear
-
         targets = [(name, module) for name, module in model.named_modules() if select(module, name)]
         try:
             for name, module in targets:
@@ -87,10 +88,10 @@ class W4A16(Quantizer):
 QUANTIZERS: dict[str, type[Quantizer]] = {"bf16": Baseline, "w8a16": W8A16, "w8a8": W8A8, "w4a16": W4A16}
 
 
-def _decoder_linear(module: nn.Module, fqn: str) -> bool:
+def decoder_linear(module: nn.Module, fqn: str) -> bool:
     # Embedding and lm_head (tied to it) stay in the compute dtype, as torchao's LLaMA recipes leave them.
     return isinstance(module, nn.Linear) and ".layers." in f".{fqn}" and "lm_head" not in fqn
 
 
 def quantize_model(model: nn.Module, scheme: str) -> None:
-    QUANTIZERS[scheme]().apply(model, _decoder_linear)
+    QUANTIZERS[scheme]().apply(model, decoder_linear)

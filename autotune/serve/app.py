@@ -6,12 +6,17 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
+from autotune.engine import build_engine
 from autotune.errors import UserInputError
+from autotune.models.registry import resolve_model
+from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
-from autotune.recipe import Recipe
+from autotune.recipes.recipe import Recipe
 from autotune.serve.http import ServingApp, ServingServer
 from autotune.serve.metrics import ServerMetrics
-from autotune.serve.protocol import Limits
+from autotune.serve.protocol import GenerationParams, Limits
 from autotune.serve.scheduler import Scheduler
 
 __all__ = ["build_server", "serve_forever"]
@@ -20,12 +25,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _engine_for(recipe: Recipe, check_weights: bool):
-    import torch
-
-    from autotune.engine import build_engine
-    from autotune.models import resolve_model
-    from autotune.weights import load_hf_model, load_tokenizer, model_checksum
-
     spec = resolve_model(recipe.model)
     if check_weights and recipe.data["model"]["checksum"] != model_checksum(spec):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
@@ -62,8 +61,6 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
 
 def _warm_up(app: ServingApp) -> None:
     """One short request before accepting any: compiled configurations compile here, not on a user's request."""
-    from autotune.serve.protocol import GenerationParams
-
     started = time.perf_counter()
     params = GenerationParams(app.encode("Hello")[:8] or [0], 4, 0.0, 1.0, None, ())
     handle = app.scheduler.submit(app.request(params))

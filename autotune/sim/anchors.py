@@ -7,12 +7,12 @@ from pathlib import Path
 
 import yaml
 
-from autotune.config import DeployConfig
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
 from autotune.errors import UserInputError
-from autotune.models import resolve_model
+from autotune.models.registry import resolve_model
 from autotune.sim.fit import Anchor
 from autotune.sim.hardware import HARDWARE_DIR
-from autotune.workload import Workload
 
 __all__ = ["AnchorGroup", "published_groups", "borrowed", "cpu_trial_anchors", "PUBLISHED"]
 

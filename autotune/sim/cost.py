@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.models import ModelSpec
+from autotune.models.registry import ModelSpec
 
 __all__ = ["WEIGHT_BYTES", "ACT_BYTES", "StepCost", "step_cost", "weight_bytes", "streamed_weight_bytes", "kernels_per_layer",
            "layer_activation_elems", "linear_params_per_layer"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from autotune.config import DeployConfig
-from autotune.models import ModelSpec
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.models.registry import ModelSpec
 from autotune.sim.hardware import Factors, HardwareProfile
 from autotune.sim.predict import predict
-from autotune.workload import Workload
 
 __all__ = ["Anchor", "fit_factors", "with_factors", "anchor_errors", "BOUNDS", "CPU_FIT"]
 

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import UserInputError
+from autotune.sim.microbench import measured_peaks
 
 __all__ = ["HARDWARE_DIR", "HardwareProfile", "Factors", "list_profiles", "load_profile", "profile_path"]
 
@@ -102,8 +103,6 @@ def load_profile(name: str, calibrated: bool = True) -> HardwareProfile:
     peaks = data.get("peaks")
     power = dict(data.get("device_power") or {"kind": "none", "reason": "no power levels in the profile"})
     if peaks == "measure":
-        from autotune.sim.microbench import measured_peaks
-
         peaks = measured_peaks()
         if power.get("levels") == "measure":  # thread counts, at the fractions the micro-benchmark saw
             power["levels"] = peaks["levels"]

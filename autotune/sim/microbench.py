@@ -7,25 +7,20 @@ import os
 import time
 from pathlib import Path
 
+from autotune.host import cpu_fingerprint, num_cores
+from autotune.paths import cache_root
+
 __all__ = ["measured_peaks", "peaks_cache_path"]
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _cpu_key() -> str:
-    from autotune.backends.cpu import CpuBackend
+    import torch  # the simulator loads without torch; only measuring the peaks needs it
 
-    import torch
-
-    fp = CpuBackend().fingerprint()
+    fp = cpu_fingerprint()
     return f"{fp['hardware']}|{fp['isa']}|torch {torch.__version__}"
 
 
 def peaks_cache_path() -> Path:
-    from autotune.weights import cache_root
-
     return cache_root() / "sim" / "cpu-local-peaks.json"
 
 
@@ -84,7 +79,7 @@ def measured_peaks(refresh: bool = False) -> dict:
                 return cached["peaks"]
         except (OSError, ValueError, KeyError):
             pass
-    cores = _cores()
+    cores = num_cores()
     runs = {t: _measure(t) for t in _thread_levels(cores)}
     # The peak is the best any thread count reached; on a machine shared with other work, more threads are not
     # always faster, and the levels keep what was seen.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from autotune.config import DeployConfig
-from autotune.models import ModelSpec
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.models.registry import ModelSpec
 from autotune.sim.cost import HEAD_KERNELS, StepCost, step_cost
 from autotune.sim.hardware import HardwareProfile
-from autotune.sim.memory import estimate_memory
-from autotune.workload import Workload
+from autotune.sim.memory_estimate import estimate_memory
 
 __all__ = ["Prediction", "predict", "step_seconds"]
 

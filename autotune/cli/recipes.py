@@ -1,0 +1,60 @@
+"""The recipe subcommands: `export` (a study's front as recipes), `verify` (re-measure one), `serve` (over HTTP)."""
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli.args import positive
+from autotune.errors import UserInputError
+from autotune.recipes.recipe import load_recipe
+from autotune.recipes.verify import verify
+from autotune.results.export import write_recipes
+from autotune.results.tables import study_summary
+from autotune.serve import serve_forever
+from autotune.study.storage import load_existing_study
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("export", help="write a study's Pareto front as recipes (plus the named picks)")
+    e.add_argument("--study", required=True)
+    e.add_argument("--storage", default=None, help="SQLAlchemy URL (default: sqlite:///studies/<study>.db)")
+    e.add_argument("--out", default="recipes", help="recipes go to OUT/<model>/<hardware>/ (default recipes)")
+    e.set_defaults(func=_export)
+
+    v = sub.add_parser("verify", help="re-measure a recipe here: does it still hold?")
+    v.add_argument("recipe")
+    v.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening of each figure (default 0.10)")
+    v.add_argument("--repeats", type=positive(int), default=None, help="timed runs (default: the recipe's)")
+    v.add_argument("--timeout", type=positive(float), default=1800.0, help="seconds for the rebuild and benchmark")
+    v.add_argument("--force", action="store_true", help="accept a recipe that fails its checksum or schema")
+    v.set_defaults(func=verify)
+
+    s = sub.add_parser("serve", help="serve a recipe over HTTP")
+    s.add_argument("recipe")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-queue", type=positive(int), default=64,
+                   help="requests that may wait beyond the batch; more get 503 (default 64)")
+    s.add_argument("--force", action="store_true", help="accept a recipe that fails its checksum, schema or "
+                                                        "weights checksum (served as unverified)")
+    s.set_defaults(func=_serve)
+
+
+
+def _export(args: argparse.Namespace) -> int:
+    study, url = load_existing_study(args.study, args.storage)
+    if "model" not in study.user_attrs or "hardware" not in study.user_attrs:
+        raise UserInputError(f"study {args.study!r} was not made by autotune search (no model or hardware attributes)")
+    print(study_summary(study))
+    written = write_recipes(study, args.out, url)
+    if not written:
+        raise UserInputError(f"study {args.study!r} has no feasible, gate-passing trial yet: nothing to export")
+    for path in written:
+        print(f"recipe: {path}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    return serve_forever(load_recipe(args.recipe, force=args.force), args.host, args.port, args.max_queue,
+                         args.force)

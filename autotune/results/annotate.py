@@ -1,0 +1,140 @@
+"""What optuna-dashboard shows beyond Optuna's own fields: a markdown note on each Pareto trial (its gain over the
+speed baseline, its gate figures, the recipe it became) and the recipe files as downloadable artifacts.
+
+Idempotent: a note is rewritten only when its text changes, and an artifact's id is the digest of its study, trial
+and bytes, so annotating twice uploads nothing new; an artifact whose recipe changed is withdrawn."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import uuid
+import warnings
+from pathlib import Path
+
+import optuna
+import yaml
+from optuna_dashboard import get_note, save_note
+
+from autotune.progress import log
+from autotune.results.front import pareto_trials
+from autotune.study.optuna_private import live_trial, set_study_system_attr, study_system_attrs, trial_id
+
+__all__ = ["annotate_study", "artifact_dir", "artifact_store", "recipes_by_trial", "trial_note"]
+
+# Finished trials refuse new system attributes (Optuna's storages check the state), so the metadata of an artifact
+# attached to a finished trial goes where optuna-dashboard also looks: the study's system attributes under this
+# prefix (its own upload API did the same before optuna.artifacts existed).
+_DASHBOARD_PREFIX = "dashboard:artifacts:"
+
+
+def artifact_dir(storage_url: str) -> Path:
+    """Beside an SQLite storage (studies/X.db -> studies/artifacts/); studies/artifacts/ for a server storage."""
+    if storage_url.startswith("sqlite:///"):
+        return Path(storage_url.removeprefix("sqlite:///")).parent / "artifacts"
+    return Path("studies") / "artifacts"
+
+
+def artifact_store(folder: Path) -> optuna.artifacts.FileSystemArtifactStore:
+    folder.mkdir(parents=True, exist_ok=True)
+    return optuna.artifacts.FileSystemArtifactStore(str(folder))
+
+
+def recipes_by_trial(paths: list[Path], study_name: str) -> dict[int, list[Path]]:
+    """Recipe files of this study grouped by the trial they froze (read from their provenance, not their names)."""
+    out: dict[int, list[Path]] = {}
+    for path in paths:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        prov = data.get("provenance", {}) if isinstance(data, dict) else {}
+        if prov.get("study") == study_name and isinstance(prov.get("trial"), int):
+            out.setdefault(prov["trial"], []).append(Path(path))
+    return out
+
+
+def _ratio(value: float, base: float | None) -> str:
+    return f" ({value / base:.2f}x the baseline)" if base else ""
+
+
+def trial_note(study: optuna.Study, trial: optuna.trial.FrozenTrial, recipes: list[Path]) -> str:
+    """Markdown for the dashboard: what this point gains over the speed baseline and what it became."""
+    bench, gate = trial.user_attrs["bench"], trial.user_attrs.get("gate", {})
+    base = study.user_attrs.get("speed_baseline", {}).get("bench", {})
+    simulated = trial.user_attrs.get("source") == "simulated" or study.user_attrs.get("measured") is False
+    lines = [f"## Pareto point #{trial.number}: `{trial.user_attrs.get('label', '')}`", ""]
+    if simulated:
+        lines += ["**Simulated figures** (autotune's analytical model): verify on real hardware.", ""]
+    tput, tpot, mem = bench["throughput_tok_s"], bench["tpot_p99_ms"], bench["peak_memory_mb"]
+    lines += [
+        f"- throughput **{tput:.1f} tok/s**{_ratio(tput, base.get('throughput_tok_s'))}",
+        f"- TPOT p99 **{tpot:.2f} ms**{_ratio(tpot, base.get('tpot_p99_ms'))}",
+        f"- peak memory **{mem:.0f} MB**{_ratio(mem, base.get('peak_memory_mb'))}",
+        f"- TTFT p50 {bench.get('ttft_p50_ms', float('nan')):.0f} ms",
+    ]
+    if "tie_aware_agreement" in gate:
+        lines.append(f"- gate: tie-aware agreement {gate['tie_aware_agreement']:.4f} (raw {gate['raw_agreement']:.4f})"
+                     + (f", perplexity {gate['perplexity']:.2f} vs {gate['reference_perplexity']:.2f}"
+                        if "perplexity" in gate else ""))
+    elif gate.get("measured") is False:
+        lines.append("- gate: not measured (simulated); `autotune verify` the recipe on the hardware")
+    if base:
+        lines.append(f"\nBaseline: {study.user_attrs['speed_baseline'].get('what', 'speed baseline')}, "
+                     f"{base['throughput_tok_s']:.1f} tok/s, TPOT p99 {base['tpot_p99_ms']:.2f} ms.")
+    if recipes:
+        names = ", ".join(f"`{p}`" for p in recipes)
+        lines += ["", (f"**Recipe:** {names} (download under Artifacts); deploy with "
+                       f"`autotune serve {recipes[0]}`.")]
+    else:
+        lines += ["", "Not exported yet: `autotune export --study " + study.study_name + "`."]
+    return "\n".join(lines)
+
+
+def _save_note(study: optuna.Study, trial: optuna.trial.FrozenTrial, body: str) -> bool:
+    # save_note takes a live Trial; one over a finished trial's id only reads, which is all it needs.
+    live = live_trial(study, trial)
+    if get_note(live) == body:
+        return False
+    save_note(live, body)
+    return True
+
+
+def _upload(study: optuna.Study, store, trial: optuna.trial.FrozenTrial, path: Path, existing: dict) -> bool:
+    data = path.read_bytes()
+    digest = hashlib.sha256(f"{study.study_name}:{trial_id(trial)}:{path.name}:".encode() + data).hexdigest()
+    artifact_id = str(uuid.UUID(hex=digest[:32]))  # the dashboard's routes accept hex and dashes only
+    key = f"{_DASHBOARD_PREFIX}{trial_id(trial)}:{artifact_id}"
+    if existing.get(key) not in (None, "null"):
+        return False
+    for old_key, value in existing.items():  # the same file name with other bytes: withdraw the old version
+        if not old_key.startswith(f"{_DASHBOARD_PREFIX}{trial_id(trial)}:"):
+            continue
+        meta = json.loads(value) if isinstance(value, str) else None
+        if isinstance(meta, dict) and meta.get("filename") == path.name:
+            set_study_system_attr(study, old_key, json.dumps(None))
+            with contextlib.suppress(Exception):  # already gone is fine
+                store.remove(meta["artifact_id"])
+    with path.open("rb") as f:
+        store.write(artifact_id, f)
+    meta = {"artifact_id": artifact_id, "filename": path.name, "mimetype": "application/yaml", "encoding": None}
+    set_study_system_attr(study, key, json.dumps(meta))
+    return True
+
+
+def annotate_study(study: optuna.Study, recipes: list[Path], folder: Path) -> tuple[int, int]:
+    """Note every Pareto trial and attach its recipe files; returns (notes written, artifacts uploaded)."""
+    store = artifact_store(folder)
+    grouped = recipes_by_trial(recipes, study.study_name)
+    existing = study_system_attrs(study)
+    notes = uploads = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        for trial in pareto_trials(study):
+            paths = grouped.get(trial.number, [])
+            notes += _save_note(study, trial, trial_note(study, trial, paths))
+            for path in paths:
+                uploads += _upload(study, store, trial, path, existing)
+    if notes or uploads:
+        log(f"dashboard: {notes} notes written, {uploads} recipe files attached (artifacts in {folder})")
+    return notes, uploads

@@ -1,0 +1,194 @@
+"""Search spaces as data: dimensions with values, conditions, and whether they change numerics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.config.deploy import FUSION_LEVELS, KV_POLICIES, NUMERICS_KNOBS, QUANT_SCHEMES, DeployConfig
+from autotune.errors import SpaceError
+
+__all__ = ["Dimension", "SearchSpace", "load_space", "DEFAULT_SPACE"]
+
+DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
+_KNOWN = ("quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy", "device_power")
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """One knob: its values, when it applies (`when`: other dimension -> allowed values), and whether it
+    changes what the model computes."""
+
+    name: str
+    values: tuple[Any, ...]
+    numerics: bool = False
+    when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def applies(self, params: dict[str, Any]) -> bool:
+        return all(params.get(dim) in allowed for dim, allowed in self.when.items())
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    dimensions: tuple[Dimension, ...]
+    baseline: dict[str, Any]
+    source: str = "<memory>"
+    dropped: dict[str, str] = field(default_factory=dict)  # what a backend removed, and why
+
+    def dimension(self, name: str) -> Dimension:
+        return next(d for d in self.dimensions if d.name == name)
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """Ask an Optuna trial for one value of each applicable dimension, in file order."""
+        params: dict[str, Any] = {}
+        for dim in self.dimensions:
+            if dim.applies(params):
+                params[dim.name] = trial.suggest_categorical(dim.name, list(dim.values))
+        return params
+
+    def baseline_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        for dim in self.dimensions:
+            if not dim.applies(params):
+                continue
+            value = self.baseline.get(dim.name, dim.values[0])
+            params[dim.name] = max(dim.values) if value == "max" else value
+        return params
+
+    def to_config(self, params: dict[str, Any], fixed: dict[str, Any] | None = None) -> DeployConfig:
+        return DeployConfig.from_params({**(fixed or {}), **params})
+
+    def restrict(self, name: str, keep: tuple[Any, ...], reason: str) -> SearchSpace:
+        """A copy with `name` limited to `keep`; with nothing kept the dimension is dropped. The reason is recorded."""
+        dims = []
+        for dim in self.dimensions:
+            if dim.name != name:
+                dims.append(dim)
+            elif keep:
+                dims.append(replace(dim, values=tuple(v for v in dim.values if v in keep)))
+        removed = [v for v in self.dimension(name).values if v not in keep]
+        note = f"values {removed} removed: {reason}" if keep else f"dropped: {reason}"
+        return replace(self, dimensions=tuple(dims), dropped={**self.dropped, name: note})
+
+    def grid_size(self) -> int:
+        """Number of distinct configurations (conditional dimensions counted only where they apply)."""
+        def count(i: int, params: dict[str, Any]) -> int:
+            if i == len(self.dimensions):
+                return 1
+            dim = self.dimensions[i]
+            if not dim.applies(params):
+                return count(i + 1, params)
+            return sum(count(i + 1, {**params, dim.name: v}) for v in dim.values)
+        return count(0, {})
+
+
+def _fail(path: str, node: yaml.Node | None, message: str) -> SpaceError:
+    line = f":{node.start_mark.line + 1}" if node is not None else ""
+    return SpaceError(f"{path}{line}: {message}")
+
+
+def _mapping(path: str, node: yaml.Node, what: str) -> dict[str, yaml.Node]:
+    if not isinstance(node, yaml.MappingNode):
+        raise _fail(path, node, f"{what} must be a mapping")
+    out: dict[str, yaml.Node] = {}
+    for key, value in node.value:
+        if key.value in out:
+            raise _fail(path, key, f"{what}: {key.value!r} appears twice")
+        out[key.value] = value
+    return out
+
+
+def _key(node: yaml.Node, name: str) -> yaml.Node:
+    """The key node of `name` in a mapping node: errors about a name point at its own line."""
+    return next(k for k, _ in node.value if k.value == name)
+
+
+def _scalars(path: str, node: yaml.Node, what: str) -> tuple[Any, ...]:
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise _fail(path, node, f"{what} must be a non-empty list")
+    values = []
+    for item in node.value:
+        if not isinstance(item, yaml.ScalarNode):
+            raise _fail(path, item, f"{what} must hold plain values")
+        values.append(yaml.safe_load(yaml.serialize(item)))
+    if len(set(map(str, values))) != len(values):
+        raise _fail(path, node, f"{what} repeats a value")
+    return tuple(values)
+
+
+def _positive_int(v: Any) -> bool:
+    return type(v) is int and v >= 1
+
+
+_VALID = {
+    "quant": lambda v: v in QUANT_SCHEMES,
+    "fusion_level": lambda v: v in FUSION_LEVELS,
+    "layers_per_subgraph": lambda v: v == "all" or _positive_int(v),
+    "batch_size": _positive_int,
+    "page_size": _positive_int,
+    "kv_policy": lambda v: v in KV_POLICIES,
+    "device_power": _positive_int,
+}
+
+
+def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
+    """Read and validate a space file; errors name the file, the line and what is wrong."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpaceError(f"{path}: cannot read the space file ({exc.strerror})") from exc
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpaceError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    if root is None:
+        raise SpaceError(f"{path}: the file is empty")
+    top = _mapping(path, root, "the space file")
+    for key, node in top.items():
+        if key not in ("version", "dimensions", "baseline"):
+            raise _fail(path, _key(root, key), f"unknown section {key!r} (expected version, dimensions, baseline)")
+    if "dimensions" not in top:
+        raise _fail(path, root, "missing section 'dimensions'")
+    dims: list[Dimension] = []
+    for name, node in _mapping(path, top["dimensions"], "dimensions").items():
+        if name not in _KNOWN:
+            raise _fail(path, _key(top["dimensions"], name), f"unknown dimension {name!r}; known: {', '.join(_KNOWN)}")
+        spec = _mapping(path, node, f"dimension {name}")
+        for key, sub in spec.items():
+            if key not in ("values", "numerics", "when"):
+                raise _fail(path, _key(node, key), f"dimension {name}: unknown key {key!r} (values, numerics, when)")
+        if "values" not in spec:
+            raise _fail(path, node, f"dimension {name}: missing 'values'")
+        values = _scalars(path, spec["values"], f"{name}.values")
+        for v in values:
+            if not _VALID[name](v):
+                raise _fail(path, spec["values"], f"{name}: {v!r} is not a valid value")
+        numerics = name in NUMERICS_KNOBS
+        if "numerics" in spec and yaml.safe_load(yaml.serialize(spec["numerics"])) != numerics:
+            raise _fail(path, spec["numerics"], f"{name}: numerics is {numerics} for this knob, by what it does")
+        when: dict[str, tuple[Any, ...]] = {}
+        if "when" in spec:
+            for other, allowed in _mapping(path, spec["when"], f"{name}.when").items():
+                if other not in {d.name for d in dims}:
+                    raise _fail(path, allowed, f"{name}.when refers to {other!r}, which must be defined above it")
+                when[other] = _scalars(path, allowed, f"{name}.when.{other}")
+        dims.append(Dimension(name, values, numerics, when))
+    names = {d.name for d in dims}
+    if "layers_per_subgraph" in names and "fusion_level" in names and not dims[
+            [d.name for d in dims].index("layers_per_subgraph")].when:
+        raise _fail(path, top["dimensions"], "layers_per_subgraph needs `when: {fusion_level: [O1, O2]}`")
+    baseline: dict[str, Any] = {}
+    if "baseline" in top:
+        for name, node in _mapping(path, top["baseline"], "baseline").items():
+            if name not in names:
+                raise _fail(path, node, f"baseline sets {name!r}, which is not a dimension of this space")
+            value = yaml.safe_load(yaml.serialize(node))
+            if value != "max" and value not in dict((d.name, d.values) for d in dims)[name]:
+                raise _fail(path, node, f"baseline {name}={value!r} is not among that dimension's values")
+            baseline[name] = value
+    return SearchSpace(tuple(dims), baseline, source=path)

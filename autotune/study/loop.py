@@ -1,0 +1,158 @@
+"""The study: Optuna ask/tell over the search space, each trial built, gated and benchmarked by a backend."""
+from __future__ import annotations
+
+import time
+
+import optuna
+
+from autotune.backends import Backend
+from autotune.config.deploy import DeployConfig
+from autotune.gate.cache import gate_key, load_gate
+from autotune.progress import log, notify
+from autotune.space.search_space import SearchSpace
+from autotune.study.cache_stats import record_hit_rates
+from autotune.study.coordination import (
+    budget_target,
+    fail_and_retry,
+    heartbeat,
+    wait_for_slot,
+    wait_for_twin,
+    worker_id,
+)
+from autotune.study.settings import OBJECTIVES, SearchSettings
+from autotune.study.storage import heartbeat_seconds
+from autotune.trial.job import Job, JobKind, JobResult, Status
+
+__all__ = ["run_search", "best_so_far"]
+
+
+def _values(bench: dict) -> list[float]:
+    return [bench[name] for name, _ in OBJECTIVES]
+
+
+def _constraint_values(settings: SearchSettings, bench: dict) -> dict[str, float]:
+    """Feasible when every value is <= 0."""
+    out = {}
+    if settings.memory_budget_mb:
+        out["memory_budget"] = bench["peak_memory_mb"] - settings.memory_budget_mb
+    if settings.tpot_slo_ms:
+        out["tpot_slo"] = bench["tpot_p99_ms"] - settings.tpot_slo_ms
+    return out
+
+
+def _previous(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | None:
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    for t in study.get_trials(deepcopy=False, states=states):
+        if t.params == params and "duplicate_of" not in t.user_attrs:
+            return t
+    return None
+
+
+_STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source", "profile",
+           "compile_cache")
+
+
+def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, result: JobResult) -> str:
+    """Tell the study what happened; returns a one-line summary."""
+    for key, value in result.to_dict().items():
+        if key in _STORED:
+            trial.set_user_attr(key, value)
+    if result.status is Status.OK:
+        bench = result.bench
+        assert bench is not None, "an OK trial result carries its benchmark"
+        constraints = _constraint_values(settings, bench)
+        for key, value in constraints.items():
+            trial.set_constraint(key, value)
+        trial.set_user_attr("constraints", constraints)
+        for name, _ in OBJECTIVES:
+            trial.set_user_attr(name, bench[name])
+        study.tell(trial, _values(bench))
+        return (f"{bench['throughput_tok_s']:.1f} tok/s, TPOT p99 {bench['tpot_p99_ms']:.1f} ms, "
+                f"{bench['peak_memory_mb']:.0f} MB")
+    if result.status is Status.GATED:
+        gate = result.gate
+        assert gate is not None, "a gated trial result carries its gate figures"
+        reason = (f"accuracy gate: tie-aware agreement {gate['tie_aware_agreement']:.4f} <= "
+                  f"{settings.min_agreement} (raw {gate['raw_agreement']:.4f})")
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return f"gated, not benchmarked: {reason}"
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return f"FAILED: {result.reason or 'unknown error'}"
+
+
+def best_so_far(study: optuna.Study, sep: str = ", ") -> str:
+    # The best value of each objective among feasible trials is always on the (constrained) Pareto front.
+    feasible = study.best_trials
+    if not feasible:
+        return "no feasible trial yet"
+    parts = []
+    for i, (name, direction) in enumerate(OBJECTIVES):
+        pick = (max if direction == "maximize" else min)(feasible, key=lambda t: t.values[i])
+        parts.append(f"{name} {pick.values[i]:.1f} (#{pick.number})")
+    return "best: " + sep.join(parts)
+
+
+def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
+              config: DeployConfig, common: dict) -> JobResult:
+    """The trial's result: a finished twin's result reused, a cached failing gate, or the backend's run."""
+    wait_for_twin(study, trial, settings.trial_timeout_s + 2 * heartbeat_seconds()[1])
+    previous = _previous(study, trial.params)
+    if previous is not None:
+        trial.set_user_attr("duplicate_of", previous.number)
+        log(f"  same configuration as trial #{previous.number}: its result is reused")
+        status = Status.OK if previous.state == optuna.trial.TrialState.COMPLETE else Status.GATED
+        return JobResult(status, gate=previous.user_attrs.get("gate"), bench=previous.user_attrs.get("bench"))
+    checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
+    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon, backend.name))
+    if cached_gate is not None:
+        cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
+                       "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
+    if cached_gate is not None and not cached_gate["passed"]:
+        return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
+    job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate, **common)
+    return backend.run(job, settings.trial_timeout_s)
+
+
+def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study,
+               baseline_params: dict, *, target: int | None = None) -> None:
+    """Run trials until the study holds `target` done trials (default: `settings.trials` more, or the rest of an
+    interrupted campaign). Any number of workers may run this on one study at once: they share the budget and
+    never evaluate a configuration twice. Finished trials already in the study are kept (resume). On Ctrl-C or
+    SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up."""
+    if not any(t.params == baseline_params for t in study.trials):
+        study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"}, skip_if_exists=True)
+    if target is None:
+        target = budget_target(study, settings.trials)
+    common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
+                  tie_epsilon=settings.tie_epsilon, repeats=settings.repeats)
+    patience_s = settings.trial_timeout_s + 2 * heartbeat_seconds()[1]
+    started, ran = time.perf_counter(), 0
+    while (done := wait_for_slot(study, target, patience_s)) is not None:
+        elapsed = time.perf_counter() - started
+        if settings.timeout_s and ran and elapsed + elapsed / ran > settings.timeout_s:
+            log(f"time budget of {settings.timeout_s / 60:.0f} min reached after {ran} trials; "
+                "run the same command again to continue")
+            break
+        trial = study.ask()
+        with heartbeat(study, trial):
+            try:
+                params = space.suggest(trial)
+                config = DeployConfig.from_params(params)
+                trial.set_user_attr("config", config.to_dict())
+                trial.set_user_attr("label", config.label())
+                trial.set_user_attr("worker", worker_id())
+                elapsed = time.perf_counter() - started
+                eta = f", {elapsed / ran:.1f} s per trial here" if ran else ""
+                k = done + 1
+                log(f"trial {k}/{target} (#{trial.number}{eta}): {config.label()}")
+                notify("trial", k=k, total=target, number=trial.number, label=config.label())
+                result = _evaluate(study, trial, settings, backend, config, common)
+                log(f"  -> {_record(study, trial, settings, result)}")
+            except BaseException as exc:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), lost storage: retry it later
+                fail_and_retry(study, trial, f"interrupted ({type(exc).__name__}): retried on the next run")
+                raise
+        ran += 1
+        record_hit_rates(study)
+        log(f"  {best_so_far(study)}")
+        notify("told", study=study, number=trial.number)

@@ -1,0 +1,48 @@
+"""What a study is run with: its settings, its objectives (the metric names the dashboard shows) and its sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import optuna
+
+from autotune.config.workload import Workload
+
+__all__ = ["SearchSettings", "OBJECTIVES", "SAMPLERS", "make_sampler"]
+
+# (name, direction): the study's metric names, in the order of its values.
+OBJECTIVES = (("throughput_tok_s", "maximize"), ("tpot_p99_ms", "minimize"), ("peak_memory_mb", "minimize"))
+SAMPLERS = ("tpe", "random", "nsga2", "gp")
+
+
+@dataclass(slots=True)
+class SearchSettings:
+    model: str
+    study: str
+    storage: str
+    trials: int
+    workload: Workload = field(default_factory=Workload)
+    min_agreement: float = 0.995
+    tie_epsilon: float = 0.05
+    memory_budget_mb: float | None = None
+    tpot_slo_ms: float | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    trial_timeout_s: float = 900.0
+    repeats: int = 3
+    trial_memory_mb: float | None = None  # address-space limit of each trial's process
+    timeout_s: float | None = None  # no new trial once one more would likely end past this (Optuna's timeout)
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """Constraints reach every sampler through Trial.set_constraint (Optuna 5), not through the sampler."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if name == "tpe":
+        # Few trials are affordable on real hardware: start modelling after a handful of random ones.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=10)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=5)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")

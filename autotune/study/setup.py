@@ -1,0 +1,102 @@
+"""Setting a study up before its trials: open (or resume) it, record what it is about, compute the reference and
+measure the speed baseline once, and, for the simulator, predict the baseline instead."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optuna
+
+from autotune.backends import Backend
+from autotune.backends.sim import GATE_NOT_MEASURED
+from autotune.config.deploy import DeployConfig
+from autotune.errors import UserInputError
+from autotune.gate.corpus import EVAL_POSITIONS, eval_set_digest
+from autotune.models.registry import ModelSpec
+from autotune.models.weights import model_checksum
+from autotune.progress import log
+from autotune.sim.predict import predict
+from autotune.space.search_space import SearchSpace
+from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.study.storage import open_storage
+from autotune.trial.job import Job, JobKind
+
+__all__ = ["open_study", "prepare_study"]
+
+
+def open_study(settings: SearchSettings) -> optuna.Study:
+    """The study named in `settings`, created or resumed; a study of another model is refused."""
+    storage = open_storage(settings.storage)
+    study = optuna.create_study(
+        study_name=settings.study, storage=storage, load_if_exists=True,
+        directions=[d for _, d in OBJECTIVES], sampler=make_sampler(settings.sampler, settings.seed),
+    )
+    if study.user_attrs.get("model", settings.model) != settings.model:
+        raise UserInputError(f"study {settings.study!r} was made for model {study.user_attrs['model']!r}, "
+                             f"not {settings.model!r}: pick another --study")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([name for name, _ in OBJECTIVES])
+    return study
+
+
+def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
+                  space: SearchSpace) -> None:
+    """Reference and speed baseline, measured once per study and workload; descriptive attributes."""
+    if not backend.measured:  # the simulator: no weights, no reference, the gate not measured
+        return _prepare_simulated(study, settings, backend, spec, space)
+    log(f"model {spec.name}: locating weights")
+    checksum = model_checksum(spec)
+    attrs = {
+        "model": settings.model, "model_source": spec.source, "model_checksum": checksum,
+        "eval_digest": eval_set_digest(EVAL_POSITIONS), "backend": backend.name, "measured": backend.measured,
+        "hardware": backend.fingerprint(), "workload": settings.workload.to_dict(), "space": space.source,
+        "dropped_dimensions": space.dropped, "min_agreement": settings.min_agreement,
+        "tie_epsilon": settings.tie_epsilon, "memory_budget_mb": settings.memory_budget_mb,
+        "tpot_slo_ms": settings.tpot_slo_ms, "sampler": settings.sampler,
+    }
+    for key, value in attrs.items():
+        study.set_user_attr(key, value)
+    for name, note in space.dropped.items():
+        log(f"space: {name} {note}")
+    common: dict[str, Any] = dict(model=settings.model, workload=settings.workload.to_dict(), repeats=settings.repeats)
+    log("reference: fp32 eager transformers over the evaluation text (cached after the first time)")
+    result = backend.run(Job(kind=JobKind.REFERENCE, eval_positions=EVAL_POSITIONS, **common),
+                         settings.trial_timeout_s)
+    if not result.ok:
+        raise UserInputError(f"the reference could not be computed: {result.reason}\n"
+                             + "\n".join((result.log_tail or [])[-5:]))
+    baseline = study.user_attrs.get("speed_baseline")
+    if baseline is None or baseline.get("workload") != settings.workload.to_dict():
+        log("speed baseline: transformers generate, bf16 eager, batch 8")
+        result = backend.run(Job(kind=JobKind.HF_BASELINE, **common), settings.trial_timeout_s)
+        if not result.ok or result.bench is None:
+            raise UserInputError(f"the speed baseline failed: {result.reason}")
+        study.set_user_attr("speed_baseline", {**result.to_dict(), "workload": settings.workload.to_dict()})
+        log(f"  baseline: {result.bench['throughput_tok_s']:.1f} tok/s")
+
+
+def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
+                       space: SearchSpace) -> None:
+    """The simulated counterpart of prepare_study: no weights, no reference, no measured baseline. The gate is
+    recorded as not measured; the speed baseline is the simulated plain deployment."""
+    profile = backend.profile  # type: ignore[attr-defined]  # the simulator's, or its isolated wrapper's
+    attrs = {
+        "model": settings.model, "model_source": spec.source, "model_checksum": f"not computed: simulated ({spec.name})",
+        "eval_digest": "none: simulated", "backend": backend.name, "measured": False, "source": "simulated",
+        "profile": profile.label, "hardware": backend.fingerprint(), "workload": settings.workload.to_dict(),
+        "space": space.source, "dropped_dimensions": space.dropped, "gate": GATE_NOT_MEASURED,
+        "memory_budget_mb": settings.memory_budget_mb, "tpot_slo_ms": settings.tpot_slo_ms,
+        "sampler": settings.sampler,
+    }
+    for key, value in attrs.items():
+        study.set_user_attr(key, value)
+    log(f"SIMULATED study on {profile.label} ({profile.calibration_source}): figures are "
+        f"predictions, the accuracy gate is not measured")
+    for name, note in space.dropped.items():
+        log(f"space: {name} {note}")
+    baseline = DeployConfig(quant="bf16", fusion_level="O0", batch_size=8)
+    result = predict(spec, baseline, settings.workload, profile)
+    study.set_user_attr("speed_baseline", {
+        "status": "ok", "bench": result.bench(), "batch_size": baseline.batch_size, "source": "simulated",
+        "what": "simulated bf16 eager (O0) engine", "workload": settings.workload.to_dict()})

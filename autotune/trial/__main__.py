@@ -1,0 +1,20 @@
+"""A trial's child process: `python -m autotune.trial ENVELOPE.json RESULT.json` builds, gates and benchmarks the
+envelope's job on its device (autotune/trial/child.py has the protocol)."""
+from __future__ import annotations
+
+import sys
+
+from autotune.devices.registry import get_device
+from autotune.trial.child import Envelope, run_child
+from autotune.trial.job import JobResult
+from autotune.trial.run import run_job
+
+
+def _run_on_device(envelope: Envelope) -> JobResult:
+    # The CPU path of the engine predates the Device interface and does not go through one.
+    device = None if envelope.device == "cpu" else get_device(envelope.device)
+    return run_job(envelope.job, device)
+
+
+if __name__ == "__main__":
+    sys.exit(run_child(sys.argv[1:], _run_on_device))

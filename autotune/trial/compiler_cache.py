@@ -1,0 +1,25 @@
+"""The compiler's own cache, shared by every trial and worker on a machine: inductor's FX-graph and kernel caches
+under autotune's cache root, and this process's hits and misses in it."""
+from __future__ import annotations
+
+from autotune.paths import cache_root
+
+__all__ = ["compiler_cache_env", "compiler_cache_counts"]
+
+
+def compiler_cache_env() -> dict[str, str]:
+    """Environment for child jobs: one inductor cache for all trials and workers, so that a repeated build
+    (same graph, same knobs) loads compiled kernels instead of compiling them again."""
+    folder = cache_root() / "inductor"
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+
+
+def compiler_cache_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache hits and misses in this process (call at the end of a job)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    inductor = counters.get("inductor", {})
+    return {"hits": int(inductor.get("fxgraph_cache_hit", 0)), "misses": int(inductor.get("fxgraph_cache_miss", 0))}
