@@ -35,14 +35,6 @@ from autotune.study.settings import OBJECTIVES, SAMPLERS, make_sampler  # noqa: 
 CHECKPOINTS = (25, 50, 100, 200)
 
 
-def grid(space: SearchSpace) -> list[dict]:
-    """Every configuration, with conditional dimensions only where they apply (as SearchSpace.grid_size)."""
-    out: list[dict] = [{}]
-    for dim in space.dimensions:
-        out = [{**p, dim.name: v} for p in out for v in (dim.values if dim.applies(p) else (None,))]
-    return [{k: v for k, v in p.items() if v is not None} for p in out]
-
-
 def losses(figures: dict) -> tuple[float, ...]:
     """Minimisation form of the study's objectives."""
     return tuple(-figures[n] if d == "maximize" else figures[n] for n, d in OBJECTIVES)
@@ -102,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = SimBackend(args.hardware)
     space = backend.adapt_space(load_space())
     spec, workload = resolve_model(args.model), Workload()
-    configs = grid(space)
+    configs = space.grid()
     t0 = time.perf_counter()
     table: dict[str, tuple | None] = {}
     for params in configs:

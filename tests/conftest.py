@@ -22,16 +22,22 @@ def smollm2_folder():
     return weights_folder(resolve_model("smollm2-135m"))
 
 
+# Every weight drawn with std 0.5 instead of 0.02: peaked output distributions that every layer decides. With the
+# default init every position is a near tie and the tie-aware gate passes anything (a tiny Qwen3 built as a LLaMA,
+# its q/k norms ignored, scored 1.000); with the embedding scaled up instead, the model echoed its input token and
+# zeroing any layer changed no greedy choice (the same wrong build: 1.000 raw). Measured on test_accuracy.py's
+# windows: 20% near ties; an fp32 build agrees 1.000, bf16 0.86 raw and 0.93 tie-aware (these weights amplify its
+# rounding), the Qwen3-as-LLaMA build 0.04.
+PEAKED_INIT = 0.5
+
+
 def make_tiny_llama(vocab_size: int = 512, seed: int = 0, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, tie_word_embeddings=True, **{**TINY, **overrides})
-    model = LlamaForCausalLM(config).eval()
-    # Sharper than the default init, so that greedy tokens are decided by margins, not by noise.
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(25)
-    return model
+    config = LlamaConfig(vocab_size=vocab_size, **{"tie_word_embeddings": True, "initializer_range": PEAKED_INIT,
+                                                    **TINY, **overrides})
+    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="session")
@@ -40,22 +46,27 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
-def sharp_llama():
-    """Untied head scaled up: confident predictions that depend on every layer (for gate tests)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(5)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, tie_word_embeddings=False, **TINY)).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(60)
-    return model
-
-
-@pytest.fixture(scope="session")
 def tiny_model_folder(tmp_path_factory, smollm2_folder):
     """A tiny random LLaMA saved as a Hugging Face folder, with SmolLM2's tokenizer (so real text tokenizes)."""
     folder = tmp_path_factory.mktemp("tiny-llama")
     model = make_tiny_llama(vocab_size=49152)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_folder / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def decided_model_folder(tmp_path_factory, smollm2_folder):
+    """A tiny folder model whose next token is decided by a wide margin: small weights (the default init) and the
+    tied embedding scaled 25x, so the head mostly echoes the last token. Only for tests of scheduling (serving)
+    that compare bf16 outputs of differently composed batches: a bf16 matmul rounds differently with other rows
+    beside it, and the peaked model, whose outputs depend on every layer, then flips tokens (measured: one of 32
+    requests diverged at its 6th token). Never for a test of the gate or of numerics."""
+    folder = tmp_path_factory.mktemp("decided-llama")
+    model = make_tiny_llama(vocab_size=49152, initializer_range=0.02)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(25.0)
     model.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_folder / name, folder / name)

@@ -10,7 +10,7 @@ from autotune.config.deploy import DeployConfig
 TINY_WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
                  "seed": 0}
 GATE = {"tie_aware_agreement": 0.999, "raw_agreement": 0.99, "perplexity": 10.0, "reference_perplexity": 10.0,
-        "kl_divergence": 0.001, "drift_agreement": 1.0, "drift_first_divergence": 128, "positions": 4088,
+        "kl_divergence": 0.001, "decode_agreement": 1.0, "decode_raw_agreement": 0.99, "decode_first_miss": None, "decode_positions": 1024, "positions": 4088,
         "tie_epsilon": 0.05, "min_agreement": 0.995, "passed": True}
 
 

@@ -68,11 +68,34 @@ def test_npu_space_drops_power_and_int4_with_reasons():
     assert "w4a16" not in space.dimension("quant").values and "int4" in space.dropped["quant"]
 
 
-def test_cuda_compile_mapping():
-    assert CUDA_COMPILE["O0"] is None
-    assert CUDA_COMPILE["O1"].mode == "default" and not CUDA_COMPILE["O1"].freezing
-    assert CUDA_COMPILE["O2"].mode == "max-autotune" and CUDA_COMPILE["O2"].settings["cuda_graphs"]
-    assert CudaDevice().compile_options("O2") is CUDA_COMPILE["O2"]
+def test_cuda_compile_passes_each_level_to_torch_compile(monkeypatch):
+    """What CudaDevice.compile hands torch.compile (recorded, no GPU needed): O2 is max-autotune with CUDA graphs
+    (as inductor defines the mode) and freezing; O1 neither; O0 is not compiled."""
+    import torch._inductor
+    import torch._inductor.config
+
+    calls: list[tuple[dict, bool]] = []
+
+    def record(fn, **kwargs):
+        calls.append((kwargs, torch._inductor.config.freezing))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    monkeypatch.setattr(torch._inductor.config, "freezing", False)  # restored after: compile sets it globally
+
+    def fn(x):
+        return x
+
+    device = CudaDevice()
+    assert device.compile(fn, "O0") is fn and calls == []
+    device.compile(fn, "O1")
+    device.compile(fn, "O2")
+    (o1, o1_freezing), (o2, o2_freezing) = calls
+    assert o1 == {"mode": "default"} and not o1_freezing
+    assert o2 == {"mode": "max-autotune"} and o2_freezing
+    assert torch._inductor.list_mode_options(o2["mode"]).get("triton.cudagraphs") is True
+    assert not torch._inductor.list_mode_options(o1["mode"]).get("triton.cudagraphs")
+    assert CUDA_COMPILE["O0"] is None and device.compile_options("O2") is CUDA_COMPILE["O2"]
 
 
 def test_cuda_space_drops_power_with_reason():

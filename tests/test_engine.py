@@ -1,6 +1,8 @@
 """The engine against transformers: same greedy tokens, any batch size, page size and KV policy."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -85,3 +87,19 @@ def test_stop_on_eos_and_sampling_is_seeded(tiny_llama):
     a = engine.runner(max_seq_len=64).run([Request(prompt, 10, sampling=s)])[0].output_ids
     b = engine.runner(max_seq_len=64).run([Request(prompt, 10, sampling=s)])[0].output_ids
     assert a == b
+
+
+def test_greedy_choices_depend_on_every_layer(tiny_llama):
+    """Guards the fixture: the equality tests above mean something only if a wrong layer changes the greedy
+    choices. With the embedding scaled up instead of peaked weights, every choice was the input token itself and
+    zeroing any layer changed none of 64; here each changes 15 (the last layer's attention) to 64 of them."""
+    ids = torch.tensor([t for p in _prompts(tiny_llama.config.vocab_size) for t in p][:64])[None]
+    with torch.inference_mode():
+        expected = tiny_llama(ids).logits.argmax(-1)
+    for i in range(tiny_llama.config.num_hidden_layers):
+        for part in ("self_attn.o_proj", "mlp.down_proj"):
+            damaged = copy.deepcopy(tiny_llama)
+            with torch.inference_mode():
+                damaged.model.layers[i].get_submodule(part).weight.zero_()
+                same = int((damaged(ids).logits.argmax(-1) == expected).sum())
+            assert same < 56, f"layer {i} without {part}: {same} of 64 greedy choices unchanged"

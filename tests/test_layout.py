@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "space"),
     ("engine", "sim"),
     ("gate", "benchmark"),
+    ("quant",),
     ("devices",),
     ("trial",),
     ("backends",),

@@ -1,5 +1,5 @@
 """`autotune verify` on the tiny model, through the CPU backend's isolated jobs: a simulated recipe becomes a
-measured one, which then verifies; the same recipe with unreachable figures fails."""
+measured one, which then verifies; the same recipe with figures 10x better than it measured fails."""
 from __future__ import annotations
 
 import pytest
@@ -20,11 +20,16 @@ def measured(tmp_path_factory, tiny_model_folder):
     tmp = tmp_path_factory.mktemp("verify")
     old = os.environ.get("AUTOTUNE_CACHE")
     os.environ["AUTOTUNE_CACHE"] = str(tmp / "cache")  # reference and gate caches of this test only
+    # One thread: with both cores, a tiny model's figures on this shared 2-core machine swung 16x (throughput) to
+    # 24x (TTFT) between verifies minutes apart, as its threads waited on each other under others' load.
+    # The gate's bar is the one a correct bf16 build of the peaked tiny model clears (tests/conftest.py: its
+    # weights amplify bf16 rounding): tie-aware 0.921, raw 0.782 over the evaluation text; a wrong build ~0.03.
+    gate = {**GATE_NOT_MEASURED, "min_agreement": 0.8}
     study, url = make_study(tmp, tiny_model_folder, tmp, name="tiny-sim", measured=False,
-                            points=[(config(batch_size=2, page_size=16), bench(5000.0, 0.1, 10.0),
-                                     GATE_NOT_MEASURED, {})])
+                            points=[(config(batch_size=2, page_size=16, device_power=1), bench(5000.0, 0.1, 10.0),
+                                     gate, {})])
     sim = next(p for p in write_recipes(study, tmp / "recipes", url) if p.name == "best-throughput.yaml")
-    code = main(["verify", str(sim), "--repeats", "1"])
+    code = main(["verify", str(sim), "--repeats", "3"])
     yield code, sim, sim.with_name("best-throughput.measured.yaml")
     if old is None:
         os.environ.pop("AUTOTUNE_CACHE", None)
@@ -39,22 +44,31 @@ def test_simulated_recipe_is_verified_into_a_measured_one(measured, capsys):
     assert recipe.verified and not recipe.simulated and recipe.data["backend"] == "cpu"
     assert recipe.data["provenance"]["verified_from"] == str(sim)
     assert recipe.data["metrics"]["throughput_tok_s"] > 0 and recipe.data["gate"]["passed"]
+    assert recipe.data["gate"]["raw_agreement"] > 0.7
 
 
-def test_fresh_recipe_verifies_and_unreachable_figures_fail(measured, capsys):
+# Over 14 verifies of this recipe (two series of 7, one thread, 1 or 3 repeats, load average 9.5 on the 2 cores),
+# every timing figure stayed within 2.1x of every other (throughput 149-313 tok/s) and peak memory within 2%: a
+# tolerance of 2 (3x worse) passes that noise, and recorded figures made 10x better are 4.8x worse or more.
+_TOLERANCE = "2"
+
+
+def test_fresh_recipe_verifies_and_a_regression_fails(measured, capsys):
     _, _, out = measured
     capsys.readouterr()
-    # A wide tolerance: on a shared 2-core machine a tiny model's figures swing several-fold with the load of
-    # other processes; what is tested is the comparison, not this machine's noise.
-    assert main(["verify", str(out), "--repeats", "1", "--tolerance", "50"]) == 0
+    assert main(["verify", str(out), "--repeats", "3", "--tolerance", _TOLERANCE]) == 0
     shown = capsys.readouterr().out
     assert "fingerprint: same hardware and software" in shown and "recorded" in shown and "verify: OK" in shown
     data = yaml.safe_load(out.read_text())
     metrics = data["metrics"]
-    metrics["throughput_tok_s"] *= 1e6
-    metrics["tpot_p99_ms"] /= 1e6
+    metrics["throughput_tok_s"] *= 10
+    for name in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "peak_memory_mb"):
+        metrics[name] /= 10
     data["checksum"] = recipe_checksum(data)
     out.write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["verify", str(out), "--repeats", "1", "--tolerance", "50"]) == 1
+    assert main(["verify", str(out), "--repeats", "3", "--tolerance", _TOLERANCE]) == 1
     shown = capsys.readouterr().out
-    assert "OUT OF TOLERANCE" in shown and "throughput_tok_s" in shown.split("FAILED:")[1]
+    failed = shown.split("FAILED:")[1]
+    assert "OUT OF TOLERANCE" in shown
+    for name in ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "peak_memory_mb"):
+        assert name in failed, name

@@ -16,8 +16,8 @@ from autotune.models.weights import load_hf_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")
-def recipe_path(tmp_path_factory, tiny_model_folder):
-    return tiny_recipe(tmp_path_factory.mktemp("serve"), tiny_model_folder, batch_size=4, page_size=16)
+def recipe_path(tmp_path_factory, decided_model_folder):
+    return tiny_recipe(tmp_path_factory.mktemp("serve"), decided_model_folder, batch_size=4, page_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +28,20 @@ def served(recipe_path):
 
 
 @pytest.fixture(scope="module")
-def prompts(tiny_model_folder):
+def prompts(decided_model_folder):
     from autotune.gate.corpus import bench_prompts
 
-    tok = load_tokenizer(resolve_model(str(tiny_model_folder)))
+    tok = load_tokenizer(resolve_model(str(decided_model_folder)))
     texts = [tok.decode(p, skip_special_tokens=True) for p in bench_prompts(tok, 32, 8, 40, seed=3)]
     return texts, tok
 
 
-def _offline(tiny_model_folder, recipe_path, texts, tok, max_new: int) -> list[list[int]]:
+def _offline(model_folder, recipe_path, texts, tok, max_new: int) -> list[list[int]]:
     """What the offline engine produces for the same prompts (greedy), all at once through Runner.run."""
     from autotune.recipes.recipe import load_recipe
 
     recipe = load_recipe(recipe_path)
-    engine = build_engine(load_hf_model(resolve_model(str(tiny_model_folder))), recipe.config)
+    engine = build_engine(load_hf_model(resolve_model(str(model_folder))), recipe.config)
     runner = engine.runner(max_seq_len=recipe.max_seq_len)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     return [c.output_ids for c in runner.run([Request(i, max_new, eos_token_id=tok.eos_token_id) for i in ids])]
@@ -74,9 +74,9 @@ def _oversized(port: int) -> str:
 
 
 def test_32_concurrent_requests_match_offline_engine_while_bad_requests_are_refused(
-        served, prompts, tiny_model_folder, recipe_path):
+        served, prompts, decided_model_folder, recipe_path):
     texts, tok = prompts
-    expected = _offline(tiny_model_folder, recipe_path, texts, tok, 12)
+    expected = _offline(decided_model_folder, recipe_path, texts, tok, 12)
     bad: list = []
     barrier = threading.Barrier(33)
 

@@ -11,9 +11,11 @@ from autotune.space.search_space import DEFAULT_SPACE, load_space
 
 def test_default_space_has_every_knob_and_a_valid_baseline():
     space = load_space(DEFAULT_SPACE)
-    assert [d.name for d in space.dimensions] == ["quant", "fusion_level", "layers_per_subgraph", "batch_size",
-                                                  "page_size", "kv_policy", "device_power"]
-    assert {d.name for d in space.dimensions if d.numerics} == {"quant", "fusion_level", "layers_per_subgraph"}
+    assert [d.name for d in space.dimensions] == ["quant", "quant_method", "fallback_layers", "fusion_level",
+                                                  "layers_per_subgraph", "batch_size", "page_size", "kv_policy",
+                                                  "device_power"]
+    assert {d.name for d in space.dimensions if d.numerics} == {"quant", "quant_method", "fallback_layers",
+                                                                "fusion_level", "layers_per_subgraph"}
     base = space.baseline_params()
     assert "layers_per_subgraph" not in base  # eager: the split does not apply
     assert DeployConfig.from_params(base) == DeployConfig(batch_size=8, page_size=128, kv_policy="on_demand",
@@ -44,8 +46,9 @@ def test_restrict_records_what_was_dropped_and_why():
 
 
 def test_grid_size_counts_conditional_dimensions_once():
-    # quant 4 x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x power 4
-    assert load_space(DEFAULT_SPACE).grid_size() == 4 * (1 + 2 * 5) * 5 * 5 * 3 * 4
+    # quant variants: bf16 1 + w8a16 5 fallbacks + w8a8 3 methods x 5 + w4a16 2 methods x 5 = 31
+    # x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x power 4
+    assert load_space(DEFAULT_SPACE).grid_size() == (1 + 5 + 3 * 5 + 2 * 5) * (1 + 2 * 5) * 5 * 5 * 3 * 4
 
 
 @pytest.mark.parametrize("text, line, words", [

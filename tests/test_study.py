@@ -1,6 +1,8 @@
 """The study loop with a scripted backend: gate failures never benchmarked nor on the front; resume; errors."""
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 import pytest
 
@@ -38,8 +40,9 @@ class ScriptedBackend(Backend):
         config = DeployConfig(**job.config)
         agreement = 0.98 if config.quant == "w8a8" else 0.999
         gate = {"tie_aware_agreement": agreement, "raw_agreement": 0.9, "perplexity": 25.0,
-                "reference_perplexity": 24.9, "kl_divergence": 0.01, "drift_agreement": 0.5,
-                "drift_first_divergence": 20, "positions": 5110, "tie_epsilon": 0.05, "min_agreement": 0.995,
+                "reference_perplexity": 24.9, "kl_divergence": 0.01, "decode_agreement": 0.999,
+                "decode_raw_agreement": 0.98, "decode_positions": 1024, "positions": 5110, "tie_epsilon": 0.05,
+                "min_agreement": 0.995,
                 "passed": agreement > 0.995}
         if config.quant == "w4a16":
             return JobResult.error("RuntimeError: kernel missing", ["boom"])
@@ -131,10 +134,11 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
 
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
-    config = DeployConfig(quant="w8a16")
-    store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05, backend.name),
+    params = {**space.baseline_params(), "quant": "w8a16", "fallback_layers": 0}
+    config = DeployConfig.from_params(params)
+    store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05, backend.name, config.device_power),
                {"tie_aware_agreement": 0.9, "raw_agreement": 0.8})
-    study.enqueue_trial({**space.baseline_params(), "quant": "w8a16"})
+    study.enqueue_trial(params)
     run_search(_settings(tmp_path, 2), space, backend, study, space.baseline_params())
     # The baseline ran; the w8a16 trial was decided by the cached gate, without a build.
     assert [DeployConfig(**j.config).quant for j in backend.jobs] == ["bf16"]
@@ -162,3 +166,28 @@ def test_enqueued_trials_do_not_exceed_the_budget(tmp_path):
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 2
     assert states.count(optuna.trial.TrialState.WAITING) == 2  # left for the next run, which takes them first
+
+
+@pytest.mark.parametrize("change", [{"min_agreement": 0.99}, {"tie_epsilon": 0.02},
+                                    {"workload": Workload(num_requests=4, prompt_min=12, prompt_max=20,
+                                                          output_tokens=8)}])
+def test_a_duplicate_is_measured_again_under_other_gate_or_workload_settings(tmp_path, change):
+    space = load_space(DEFAULT_SPACE)
+    study, backend = _study(tmp_path), ScriptedBackend()
+    base = space.baseline_params()
+    run_search(_settings(tmp_path, 1), space, backend, study, base)
+    study.enqueue_trial(base)
+    run_search(dataclasses.replace(_settings(tmp_path, 1), **change), space, backend, study, base)
+    assert len(backend.jobs) == 2  # the first result was measured under other settings: not reused
+    assert "duplicate_of" not in study.trials[1].user_attrs
+
+
+def test_gate_key_holds_threads_and_the_versions_of_the_numerics(monkeypatch):
+    from autotune.gate import cache
+
+    key = cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 2)
+    assert cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 1) != key
+    for package in ("engine", "torch", "torchao", "transformers"):
+        versions = {**cache.numerics_versions(), package: "other"}
+        monkeypatch.setattr(cache, "numerics_versions", lambda versions=versions: versions)
+        assert cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 2) != key

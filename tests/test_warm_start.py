@@ -32,3 +32,19 @@ def test_recipes_are_enqueued_once_and_only_if_the_space_holds_them(tmp_path):
     assert waiting[0].user_attrs["role"] == "warm-start"
     assert enqueue_recipes(study, space, tmp_path, "m", "hw") == 0  # already there
     assert enqueue_recipes(study, space, tmp_path, "m", "other-hw") == 0
+
+
+def test_other_classes_of_the_same_backend_follow_nearest_first_and_other_backends_never(tmp_path):
+    space = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "2 cores")
+    root = tmp_path / "m"
+    configs = {name: DeployConfig(batch_size=b, device_power=2) for name, b in
+               (("cpu-amd-epyc-16c", 16), ("cpu-amd-epyc-2c", 8), ("cuda-h100", 4), ("cpu-intel-xeon-2c", 2))}
+    for name, config in configs.items():
+        _recipe(root / name, "r.yaml", config)
+    study = optuna.create_study(directions=["maximize", "minimize", "minimize"])
+    assert enqueue_recipes(study, space, tmp_path, "m", "cpu-intel-xeon-2c") == 3
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    # Its own class, then the 2-core EPYC (same size), then the 16-core one; the GPU's recipe is not a CPU's.
+    assert [t.user_attrs["warm_start_class"] for t in waiting] == ["cpu-intel-xeon-2c", "cpu-amd-epyc-2c",
+                                                                  "cpu-amd-epyc-16c"]
+    assert [t.system_attrs["fixed_params"]["batch_size"] for t in waiting] == [2, 8, 16]

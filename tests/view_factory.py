@@ -15,8 +15,9 @@ from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
             "seed": 0}
 # The figures a real gate records beside agreement (the recipe schema asks for them).
-GATE_FIGURES = {"perplexity": 10.0, "reference_perplexity": 9.9, "kl_divergence": 0.001, "drift_agreement": 1.0,
-                "drift_first_divergence": 128, "positions": 4088, "tie_epsilon": 0.05, "min_agreement": 0.995}
+GATE_FIGURES = {"perplexity": 10.0, "reference_perplexity": 9.9, "kl_divergence": 0.001, "decode_agreement": 1.0,
+                "decode_raw_agreement": 0.99, "decode_first_miss": None, "decode_positions": 1024, "positions": 4088,
+                "tie_epsilon": 0.05, "min_agreement": 0.995}
 
 
 class FullGateBackend(ScriptedBackend):

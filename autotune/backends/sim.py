@@ -15,6 +15,13 @@ from autotune.trial.job import Job, JobKind, JobResult, Status
 __all__ = ["SimBackend", "GATE_NOT_MEASURED", "SIMULATOR_VERSION"]
 
 SIMULATOR_VERSION = "1"
+# Knobs the analytical model has no terms for: simulating them would only repeat one prediction under many names.
+_NOT_SIMULATED = {
+    "quant_method": "a quantization method changes accuracy, which the simulator does not predict (speed only by an "
+                    "elementwise scale per layer); verify on real hardware",
+    "fallback_layers": "the simulator's byte model holds one precision for every decoder layer, not per-layer "
+                       "fallbacks",
+}
 GATE_NOT_MEASURED = {
     "measured": False,
     "reason": "the accuracy gate cannot be simulated: verify the recipe on real hardware (autotune verify)",
@@ -61,6 +68,9 @@ class SimBackend(Backend):
         if "quant" in names and profile.int8_tops <= 0:
             keep = tuple(v for v in space.dimension("quant").values if v != "w8a8")
             space = space.restrict("quant", keep, f"{profile.name} has no int8 matmul units")
+        for name, reason in _NOT_SIMULATED.items():
+            if name in names:
+                space = space.restrict(name, (), reason)
         return space
 
     def run(self, job: Job, timeout_s: float) -> JobResult:

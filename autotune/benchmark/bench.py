@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -43,43 +44,79 @@ def _run_figures(completions: list[Completion], seconds: float) -> dict:
 
 
 def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, repeats: int = 3,
-                     warmup: int = 2, base_rss: int, device=None) -> dict:
+                     warmup: int = 2, base_rss: int, device=None,
+                     cut: Callable[[dict], str | None] | None = None) -> dict:
     """Run the workload `warmup` + `repeats` times on one runner (its cache persists, as in serving).
 
     Peak memory is the process's measured high-water mark during the runs, minus `base_rss` (the process
     before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them.
     With an accelerator `device` (autotune/devices/base.py), peak memory is its allocator's high-water mark
-    (weights, KV pools, activations) and every clock read waits for the device's queued work first."""
+    (weights, KV pools, activations) and every clock read waits for the device's queued work first.
+
+    `cut` sees the figures so far after each timed run (peak memory included) and may end the repeats early with
+    a reason (successive halving: a configuration clearly dominated needs no more precise figures); the reason is
+    kept in the result as `repeats_cut`."""
     runner = engine.runner(max_seq_len=workload.max_seq_len,
                            pool_tokens=engine.config.batch_size * workload.max_seq_len)
     eos = engine.model.eos_token_id
     requests = [Request(p, workload.output_tokens, min_new_tokens=workload.output_tokens, eos_token_id=eos)
                 for p in prompts]
     sync = device.synchronize if device is not None else _no_sync
-    if device is not None:
-        device.reset_peak_memory()
-    else:
-        reset_peak()
+    peak_reset = _reset_peak(device)
     started = time.perf_counter()
     for i in range(warmup):
         runner.run(requests)
     sync()
     warmup_s = time.perf_counter() - started
     runs = []
+    cut_reason = None
+
+    def peak_mb() -> float:
+        return (device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20
+
     for i in range(repeats):
         t0 = time.perf_counter()
         completions = runner.run(requests)
         sync()
         runs.append(_run_figures(completions, time.perf_counter() - t0))
         log(f"  repeat {i + 1}/{repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
+        if cut is not None and i + 1 < repeats:
+            cut_reason = cut({**summarize(runs), "peak_memory_mb": peak_mb()})
+            if cut_reason:
+                cut_reason = f"{cut_reason}; stopped after {i + 1} of {repeats} timed runs"
+                log(f"  {cut_reason}")
+                break
     result = summarize(runs)
+    if cut_reason:
+        result["repeats_cut"] = cut_reason
     result.update(
-        peak_memory_mb=(device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20,
+        peak_memory_mb=peak_mb(),
         kv_reserved_peak_mb=runner.cache.reserved_bytes / 2**20,
         kv_pages_peak=runner.cache.peak_pages_in_use,
         warmup_s=warmup_s,
     )
+    result.update(_peak_marks(peak_reset))
     return result
+
+
+# Where the kernel refuses /proc/PID/clear_refs (some containers), the process's high-water mark cannot be brought
+# down to the present: the peak then also holds loading the weights, building and the gate, and says so.
+_PEAK_NOT_RESET = ("the memory high-water mark could not be reset before the runs (/proc/PID/clear_refs refused): "
+                  "this peak includes loading, building and gating, not only the runs")
+
+
+def _reset_peak(device) -> bool:
+    if device is not None:
+        device.reset_peak_memory()  # an accelerator allocator's statistics: always resettable
+        return True
+    if reset_peak():
+        return True
+    log(f"  peak memory: {_PEAK_NOT_RESET}")
+    return False
+
+
+def _peak_marks(reset: bool) -> dict:
+    return {"peak_memory_reset": True} if reset else {"peak_memory_reset": False, "peak_memory_note": _PEAK_NOT_RESET}
 
 
 def _no_sync() -> None:
@@ -128,10 +165,7 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
                 completions.append(c)
         return _run_figures(completions, time.perf_counter() - start)
 
-    if device is not None:
-        device.reset_peak_memory()
-    else:
-        reset_peak()
+    peak_reset = _reset_peak(device)
     for _ in range(warmup):
         one_run()
     runs = []
@@ -141,4 +175,5 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
     result = summarize(runs)
     result["peak_memory_mb"] = (device.peak_memory_bytes() if device is not None
                                 else peak_rss_bytes() - base_rss) / 2**20
+    result.update(_peak_marks(peak_reset))
     return result

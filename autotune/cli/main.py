@@ -8,13 +8,13 @@ import signal
 import sys
 import traceback
 
-from autotune.cli import loadtest, models, recipes, search, sim, views, worker
+from autotune.cli import loadtest, models, quant_report, recipes, search, sim, views, worker
 from autotune.cli.args import Parser
 from autotune.errors import AutotuneError, UserInputError
 
 __all__ = ["main", "build_parser"]
 
-_GROUPS = (search, worker, views, models, sim, recipes, loadtest)
+_GROUPS = (search, worker, views, models, sim, recipes, loadtest, quant_report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,7 +27,8 @@ __all__ = ["register", "search"]
 
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("search", help="run (or resume) a study")
-    s.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face folder")
+    s.add_argument("--model", default="smollm2-135m",
+                   help="registry name (autotune models), local Hugging Face folder, or Hub id (org/name)")
     s.add_argument("--backend", default="cpu")
     s.add_argument("--hardware", default=None, help="hardware profile, for --backend sim (see autotune hardware)")
     s.add_argument("--space", default=None, help="search-space YAML (default: search_spaces/default.yaml)")
@@ -40,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--memory-budget", type=positive(float), default=None, help="MB of peak memory")
     s.add_argument("--tpot-slo", type=positive(float), default=None, help="ms, on TPOT p99")
     s.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    s.add_argument("--no-guide", dest="guided", action="store_false",
+                   help="let the sampler alone order the trials (default: the simulator's predictions, refitted to "
+                        "the trials measured so far, order most of them on backends it models)")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--out", default="recipes", help="where recipes are written")
     s.add_argument("--no-warm-start", dest="warm_start", action="store_false",
@@ -84,7 +88,7 @@ def search(args: argparse.Namespace) -> int:
         workload=workload, min_agreement=args.min_agreement, tie_epsilon=args.tie_epsilon,
         memory_budget_mb=args.memory_budget, tpot_slo_ms=args.tpot_slo, sampler=args.sampler, seed=args.seed,
         trial_timeout_s=args.trial_timeout, timeout_s=args.timeout * 60 or None, repeats=args.repeats,
-        trial_memory_mb=args.trial_memory_mb,
+        trial_memory_mb=args.trial_memory_mb, guided=args.guided,
     )
     study = open_study(settings)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "

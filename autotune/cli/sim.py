@@ -18,7 +18,8 @@ _INT_KEYS = ("batch_size", "page_size", "device_power")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict one configuration on a hardware profile (simulated, not measured)")
-    p.add_argument("--model", default="llama-7b", help="registry name or local Hugging Face folder")
+    p.add_argument("--model", default="llama-7b",
+                   help="registry name (autotune models), local Hugging Face folder, or Hub id (org/name)")
     p.add_argument("--hardware", required=True, help="a profile of `autotune hardware`")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="configuration, e.g. quant=w8a16 batch_size=1 fusion_level=O2 layers_per_subgraph=2")

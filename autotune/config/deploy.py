@@ -5,13 +5,27 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DeployConfig", "NUMERICS_KNOBS", "QUANT_SCHEMES", "FUSION_LEVELS", "KV_POLICIES"]
+__all__ = ["DeployConfig", "NUMERICS_KNOBS", "QUANT_SCHEMES", "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS",
+           "KV_POLICIES"]
 
 QUANT_SCHEMES = ("bf16", "w8a16", "w8a8", "w4a16")
+# How each scheme's weights (and activation scales) are chosen. "rtn" (round-to-nearest, data-free) is what every
+# scheme did before calibration existed; the others use the calibration set (autotune/quant/). bf16 has none.
+QUANT_METHODS: dict[str, tuple[str, ...]] = {
+    "bf16": ("rtn",),
+    "w8a16": ("rtn",),
+    "w8a8": ("rtn", "smoothquant_static", "smoothquant_dynamic"),
+    "w4a16": ("rtn", "awq"),
+}
+# How many of the most sensitive decoder linear layers a quantized scheme may keep in the compute dtype.
+FALLBACK_LAYERS = (0, 1, 2, 4, 8)
 FUSION_LEVELS = ("O0", "O1", "O2")
 KV_POLICIES = ("preallocate", "on_demand", "pool")
 # Only these change what the model computes; the rest change speed and memory. Gate results are keyed by them.
-NUMERICS_KNOBS = ("quant", "fusion_level", "layers_per_subgraph")
+NUMERICS_KNOBS = ("quant", "fusion_level", "layers_per_subgraph", "quant_method", "fallback_layers")
+# Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at these
+# defaults, so that a configuration that does not use them keeps its digest (and its recipe file name) and its gate key.
+_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +40,18 @@ class DeployConfig:
     page_size: int = 128
     kv_policy: str = "on_demand"
     device_power: int = 0  # backend-defined level; on the CPU the number of threads (0: all cores)
+    quant_method: str = "rtn"  # one of QUANT_METHODS[quant]
+    fallback_layers: int = 0  # the most sensitive decoder linear layers kept in the compute dtype
 
     def __post_init__(self) -> None:
         if self.quant not in QUANT_SCHEMES:
             raise ValueError(f"quant must be one of {QUANT_SCHEMES}, not {self.quant!r}")
+        if self.quant_method not in QUANT_METHODS[self.quant]:
+            raise ValueError(f"quant_method for {self.quant} must be one of {QUANT_METHODS[self.quant]}, "
+                             f"not {self.quant_method!r}")
+        if self.fallback_layers < 0 or (self.quant == "bf16" and self.fallback_layers):
+            raise ValueError(f"fallback_layers must be >= 0, and 0 for bf16 (nothing is quantized); "
+                             f"not {self.fallback_layers}")
         if self.fusion_level not in FUSION_LEVELS:
             raise ValueError(f"fusion_level must be one of {FUSION_LEVELS}, not {self.fusion_level!r}")
         if self.fusion_level == "O0" and self.layers_per_subgraph is not None:
@@ -65,14 +87,23 @@ class DeployConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def _keyed(self, names) -> dict:
+        return {k: getattr(self, k) for k in names if _LATER_DEFAULTS.get(k, object()) != getattr(self, k)}
+
     def numerics_key(self) -> str:
         """Stable key of the knobs that change numerics (see NUMERICS_KNOBS)."""
-        return json.dumps({k: getattr(self, k) for k in NUMERICS_KNOBS}, sort_keys=True)
+        return json.dumps(self._keyed(NUMERICS_KNOBS), sort_keys=True)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self._keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
+
+    def scheme_label(self) -> str:
+        """The scheme with its method and fallback where they are not the defaults: "w4a16+awq+fb2"."""
+        method = "" if self.quant_method == "rtn" else f"+{self.quant_method}"
+        fallback = f"+fb{self.fallback_layers}" if self.fallback_layers else ""
+        return f"{self.quant}{method}{fallback}"
 
     def label(self) -> str:
         split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"
-        return (f"{self.quant}/{self.fusion_level}{split}/bs={self.batch_size}/page={self.page_size}"
+        return (f"{self.scheme_label()}/{self.fusion_level}{split}/bs={self.batch_size}/page={self.page_size}"
                 f"/{self.kv_policy}/power={self.device_power}")

@@ -14,11 +14,12 @@ __all__ = ["CUDA_COMPILE", "CudaDevice", "cuda_unavailable"]
 
 # Fusion level -> torch.compile on CUDA. O1: inductor's default (Triton kernels, no CUDA graphs); O2:
 # "max-autotune", which benchmarks GEMM/Triton choices and replays each graph as a CUDA graph (the per-step launch
-# overhead that dominates batch-1 decode), with freezing so weights are constants of the graph.
+# overhead that dominates batch-1 decode), with freezing so weights are constants of the graph. The mode is what
+# turns CUDA graphs on (inductor's `triton.cudagraphs`), so no separate setting says so.
 CUDA_COMPILE: dict[str, CompileOptions | None] = {
     "O0": None,
     "O1": CompileOptions("inductor", mode="default"),
-    "O2": CompileOptions("inductor", mode="max-autotune", freezing=True, settings={"cuda_graphs": True}),
+    "O2": CompileOptions("inductor", mode="max-autotune", freezing=True),
 }
 
 _INSTALL = "install a CUDA build of torch==2.13.0 (from the PyTorch wheel index for your CUDA version)"

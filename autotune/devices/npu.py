@@ -8,7 +8,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autotune.devices.base import CompileOptions, Device, Limit
-from autotune.devices.npu_mapping import NPU_UNSUPPORTED_QUANT, npu_power_reason, torchair_settings
+from autotune.devices.npu_mapping import (
+    NPU_UNSUPPORTED_METHODS,
+    NPU_UNSUPPORTED_QUANT,
+    npu_power_reason,
+    torchair_settings,
+)
 
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
@@ -86,6 +91,7 @@ class NpuDevice(Device):
 
     def limits(self) -> list[Limit]:
         return [Limit("quant", (scheme,), reason) for scheme, reason in NPU_UNSUPPORTED_QUANT.items()] + [
+            Limit("quant_method", (method,), reason) for method, reason in NPU_UNSUPPORTED_METHODS.items()] + [
             Limit("device_power", None, npu_power_reason(chip_name()))]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["TorchairSettings", "torchair_settings", "NPU_QUANT_OPS", "npu_quant_op", "NPU_UNSUPPORTED_QUANT",
-           "npu_power_reason"]
+           "NPU_UNSUPPORTED_METHODS", "npu_power_reason"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,11 @@ NPU_QUANT_OPS: dict[str, tuple[str, ...] | None] = {
 }
 
 # Schemes in our space that the NPU backend does not run yet, with the reason recorded in the space.
+# Quantization methods the NPU path cannot run (the others wrap the NPU's own quantized linears).
+NPU_UNSUPPORTED_METHODS: dict[str, str] = {
+    "smoothquant_static": ("static activation scales on the NPU need npu_quant_matmul fed by npu_quantize with the "
+                           "calibrated per-tensor scale (msModelSlim's W8A8 input_scale/input_offset); not wired yet"),
+}
 NPU_UNSUPPORTED_QUANT: dict[str, str] = {
     "w4a16": ("int4 weights on the NPU need torch_npu.npu_convert_weight_to_int4pack and per-group antiquant "
               "scales in npu_weight_quant_batchmatmul; not wired yet (msModelSlim's quant types are w8a16, w8a8, "

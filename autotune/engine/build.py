@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from autotune.config.deploy import DeployConfig
+from autotune.engine.calibrated import QuantPlan, quantize_layers
 from autotune.engine.model import EngineModel
-from autotune.engine.quant import decoder_linear, quantize_model
 from autotune.engine.runner import Runner
 
 __all__ = ["Engine", "build_engine", "COMPILE_MODES"]
@@ -22,8 +22,11 @@ COMPILE_MODES: dict[str, str | None] = {"O0": None, "O1": "default", "O2": "free
 class Engine:
     """A built model plus how to serve it: `runner()` gives a continuous-batching runner with a fresh cache."""
 
-    def __init__(self, model: EngineModel, config: DeployConfig, build_seconds: float) -> None:
+    def __init__(self, model: EngineModel, config: DeployConfig, build_seconds: float,
+                 quantization: dict | None = None) -> None:
         self.model, self.config, self.build_seconds = model, config, build_seconds
+        # What the quantize step did: decoder linear layers, how many were converted, which were kept.
+        self.quantization = quantization or {}
 
     @property
     def compiled(self) -> bool:
@@ -50,11 +53,13 @@ def _compile_segments(model: EngineModel, mode: str) -> None:
     model.logits = torch.compile(model.logits)  # final norm and the (vocabulary-wide) head
 
 
-def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype, device) -> EngineModel:
+def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype, device,
+                     plan: QuantPlan | None) -> tuple[EngineModel, dict]:
     """The accelerator path (autotune/devices/base.py Device): weights move to the device before quantizing,
     so each quantizer packs for that device's kernels; each segment compiles as the device maps the fusion level."""
     model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None).to(device.torch_device)
-    device.quantizer(config.quant).apply(model, decoder_linear)
+    coverage = quantize_layers(model, config.quant, config.quant_method, plan, device.quantizer(config.quant),
+                               config.fallback_layers)
     if device.compile_options(config.fusion_level) is not None:
         import torch._dynamo
 
@@ -65,19 +70,22 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dty
             segment.decode = device.compile(segment.decode, config.fusion_level)
         model.logits = device.compile(model.logits, config.fusion_level)
     device.synchronize()
-    return model
+    return model, coverage
 
 
 def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16,
-                 device=None) -> Engine:
+                 device=None, plan: QuantPlan | None = None) -> Engine:
     """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. `device`: an accelerator's Device
-    (autotune/devices/base.py); None builds for this process's CPU, as before."""
+    (autotune/devices/base.py); None builds for this process's CPU, as before. `plan`: what the configuration's
+    quant_method and fallback_layers need from the calibration set (autotune/quant: quant_plan); None for
+    round-to-nearest without fallback. A scheme that converts fewer layers than it claims fails (TrialFailure)."""
     started = time.perf_counter()
     if device is not None:
-        return Engine(_build_on_device(hf_model, config, dtype, device), config, time.perf_counter() - started)
+        model, coverage = _build_on_device(hf_model, config, dtype, device, plan)
+        return Engine(model, config, time.perf_counter() - started, coverage)
     model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None)
-    quantize_model(model, config.quant)
+    coverage = quantize_layers(model, config.quant, config.quant_method, plan, fallback_layers=config.fallback_layers)
     mode = COMPILE_MODES[config.fusion_level]
     if mode is not None:
         _compile_segments(model, mode)
-    return Engine(model, config, time.perf_counter() - started)
+    return Engine(model, config, time.perf_counter() - started, coverage)

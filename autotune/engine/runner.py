@@ -30,6 +30,9 @@ class Request:
     eos_token_id: int | None = None
     sampling: Sampling = field(default_factory=Sampling)
     stop_ids: tuple[int, ...] = ()
+    # Teacher forcing through the decode path (the accuracy gate): the emitted tokens are these, and the model's
+    # own greedy choice at each step is recorded in Completion.greedy_ids.
+    forced_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -39,6 +42,7 @@ class Completion:
     arrival: float = 0.0
     token_times: list[float] = field(default_factory=list)
     finish_reason: str = ""
+    greedy_ids: list[int] = field(default_factory=list)  # with forced_ids only
 
     @property
     def ttft(self) -> float:
@@ -78,7 +82,11 @@ def _next_tokens(logits: torch.Tensor, rows: list[_Running]) -> list[int]:
     out = []
     for i, r in enumerate(rows):
         sampling = r.completion.request.sampling
-        if sampling.temperature <= 0:
+        forced = r.completion.request.forced_ids
+        if forced:
+            r.completion.greedy_ids.append(greedy[i])
+            out.append(forced[len(r.completion.output_ids)])
+        elif sampling.temperature <= 0:
             out.append(greedy[i])
         else:
             out.append(_sample(torch.softmax(logits[i] / sampling.temperature, dim=-1), sampling, r.generator))

@@ -1,2 +1,2 @@
-"""The accuracy gate: the shipped evaluation text, the fp32 reference, teacher-forced agreement, drift, and the
-on-disk cache of gate figures."""
+"""The accuracy gate: the shipped evaluation text, the fp32 reference, teacher-forced agreement in prefill and
+through the decode path, and the on-disk cache of gate figures."""

@@ -30,7 +30,7 @@ def eval_windows(tokenizer, min_positions: int = EVAL_POSITIONS, window: int = 5
     return [ids[i * window:(i + 1) * window] for i in range(count)]
 
 
-def drift_prompts(tokenizer, count: int = 2, length: int = 64) -> list[list[int]]:
+def drift_prompts(tokenizer, count: int = 8, length: int = 64) -> list[list[int]]:
     """Prompts for long-generation drift, from the end of the evaluation text (past the teacher-forced windows)."""
     ids = _ids(tokenizer, EVAL_FILE)
     return [ids[len(ids) - (i + 1) * length:len(ids) - i * length] for i in range(count)]

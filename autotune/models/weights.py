@@ -1,14 +1,16 @@
-"""Weights on disk: the embedded GGUF converted once into a cached safetensors folder, loaded offline afterwards."""
+"""Weights on disk: the embedded GGUF converted once into a cached safetensors folder, a local Hugging Face folder,
+or a snapshot in the local Hub cache (downloaded into it first when online); loaded offline afterwards."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
 from autotune.errors import ModelNotFound
-from autotune.models.registry import ModelSpec
+from autotune.models.registry import ModelSpec, hub_cache_dir, hub_offline
 from autotune.paths import cache_root
 from autotune.progress import log
 
@@ -18,6 +20,11 @@ _MANIFEST = "autotune-manifest.json"
 
 
 def _sha256(path: Path) -> str:
+    # A Hub cache snapshot links each LFS file to a blob named by the sha256 of its content: no need to read it.
+    if path.is_symlink():
+        blob = Path(os.readlink(path)).name
+        if len(blob) == 64 and all(c in "0123456789abcdef" for c in blob):
+            return blob
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -61,10 +68,38 @@ def _convert_gguf(gguf: Path, out: Path, checksum: str) -> None:
     log(f"converted in {time.perf_counter() - started:.0f} s -> {out}")
 
 
+def _hub_snapshot(spec: ModelSpec, hub_id: str) -> Path:
+    """The model's snapshot in the local Hub cache (HF_HUB_OFFLINE=1), or downloaded into it first (online)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    offline = hub_offline()
+    try:
+        folder = Path(snapshot_download(hub_id, cache_dir=hub_cache_dir(), local_files_only=offline,
+                                        allow_patterns=_HUB_FILES))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as exc:
+        if offline:
+            raise ModelNotFound(
+                f"the weights of {spec.name} ({hub_id}) are not in the local Hugging Face cache and "
+                "HF_HUB_OFFLINE=1: set HF_HUB_OFFLINE=0 to download them, or use --backend sim") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFound(f"cannot download {hub_id} from the Hugging Face Hub: {first}") from None
+    if not any(folder.glob("*.safetensors")):
+        raise ModelNotFound(f"the Hugging Face cache holds {hub_id} without safetensors weights ({folder}): "
+                            + ("set HF_HUB_OFFLINE=0 to download them" if offline else "download incomplete"))
+    return folder
+
+
+# What a snapshot download fetches: config, weights, tokenizer (not other formats' copies of the weights).
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt"]
+
+
 def weights_folder(spec: ModelSpec) -> Path:
     """A local folder from which transformers loads the model without the network."""
     if spec.source.startswith("hf-folder:"):
         return Path(spec.source.removeprefix("hf-folder:"))
+    if spec.source.startswith("hf-hub:"):
+        return _hub_snapshot(spec, spec.source.removeprefix("hf-hub:"))
     if not spec.source.startswith("gguf-package:"):
         raise ModelNotFound(
             f"{spec.name} has architecture facts only: no weights on this machine. "

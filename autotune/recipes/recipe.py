@@ -59,6 +59,11 @@ class Recipe:
     def simulated(self) -> bool:
         return self.data["metrics"]["source"] == "simulated"
 
+    @property
+    def kept_layers(self) -> tuple[str, ...]:
+        """The decoder linear layers this recipe's quantization keeps in the compute dtype (fallback_layers)."""
+        return tuple((self.data.get("quantization") or {}).get("kept_layers", ()))
+
 
 def recipe_dir(out: str | Path, model: str, hardware: str) -> Path:
     # A local model folder is named by its last component, never by its absolute path.
@@ -73,15 +78,20 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     recipe = {
         "schema_version": SCHEMA_VERSION,
         "kind": "autotune-recipe",
-        "model": {"name": attrs["model"], "source": attrs["model_source"], "checksum": attrs["model_checksum"]},
+        "model": {"name": attrs["model"], "source": attrs["model_source"], "checksum": attrs["model_checksum"],
+                  # transformers' model_type; studies made before it was recorded have none
+                  **({"architecture": attrs["model_architecture"]} if "model_architecture" in attrs else {})},
         "backend": attrs["backend"],
         "hardware": attrs["hardware"],
         "software": trial.user_attrs.get("versions", {}),
         "configuration": trial.user_attrs["config"],
+        "quantization": _quantization(trial.user_attrs.get("quant")),
         "threads": trial.user_attrs.get("threads"),
         "workload": workload,
         "metrics": {"source": "measured" if attrs.get("measured", True) else "simulated",
-                    **{k: bench.get(k) for k in _METRICS}, "build_s": trial.user_attrs.get("build_s")},
+                    **{k: bench.get(k) for k in _METRICS}, "build_s": trial.user_attrs.get("build_s"),
+                    # Only where the peak also holds loading and building (benchmark/bench.py), so that it says so.
+                    **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {})},
         "gate": trial.user_attrs.get("gate"),
         "baseline": None if baseline is None else {
             "what": attrs["speed_baseline"].get("what", "speed baseline"),
@@ -99,7 +109,27 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
         "deploy": {"command": "autotune serve RECIPE", "env": {"HF_HUB_OFFLINE": "1"},
                    "max_seq_len": max(DEFAULT_MAX_SEQ_LEN, workload["prompt_max"] + workload["output_tokens"])},
     }
+    if recipe["quantization"] is None:
+        del recipe["quantization"]
     return recipe
+
+
+def _quantization(quant: dict | None) -> dict | None:
+    """The trial's quantize step as the recipe states it: method, layers kept (most sensitive first, each with its
+    measured error) and converted, and the calibration set; None for round-to-nearest without fallback."""
+    if not quant or (quant.get("method", "rtn") == "rtn" and not quant.get("kept_layers")):
+        return None
+    out = {k: quant[k] for k in ("method", "fallback_layers", "kept_layers", "decoder_linear_layers", "converted")
+           if k in quant}
+    sensitivity = quant.get("sensitivity")
+    if sensitivity:
+        errors = dict(sensitivity["ranking"])
+        out["sensitivity"] = {"scheme": sensitivity["scheme"], "method": sensitivity["method"],
+                              "measure": sensitivity["measure"],
+                              "kept": {name: errors[name] for name in quant.get("kept_layers", []) if name in errors}}
+    if quant.get("calibration"):
+        out["calibration"] = quant["calibration"]
+    return out
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

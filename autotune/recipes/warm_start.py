@@ -1,5 +1,7 @@
-"""Warm start: the configurations of the recipes already kept for this model and hardware class are tried first
-(re-measured, never copied), as engineers start from a recipe table before they tune."""
+"""Warm start: the configurations of the recipes already kept for this model are tried first (re-measured, never
+copied), as engineers start from a recipe table before they tune: this hardware class's own recipes, then those of
+other classes of the same backend, nearest class first (a 2-core Xeon starts from a 2-core EPYC's recipes before a
+16-core one's; a CPU never from a GPU's)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +9,7 @@ from pathlib import Path
 import optuna
 import yaml
 
+from autotune.config.deploy import DeployConfig
 from autotune.progress import log
 from autotune.recipes.recipe import recipe_dir
 from autotune.space.search_space import SearchSpace
@@ -15,7 +18,12 @@ __all__ = ["enqueue_recipes"]
 
 
 def _params(config: dict, space: SearchSpace) -> dict | None:
-    """The recipe's configuration as this space's parameters; None when the space cannot express it."""
+    """The recipe's configuration as this space's parameters (by Optuna's names, see SearchSpace.trial_params);
+    None when the space cannot express it. Knobs a recipe predates take their defaults."""
+    try:
+        config = DeployConfig(**config).to_dict()
+    except (TypeError, ValueError):
+        return None
     params: dict = {}
     for dim in space.dimensions:
         if not dim.applies(params):
@@ -23,17 +31,41 @@ def _params(config: dict, space: SearchSpace) -> dict | None:
         value = config.get(dim.name)
         if dim.name == "layers_per_subgraph" and value == 0:
             value = "all"
-        if value not in dim.values:
+        if value not in dim.values_for(params):
             return None
         params[dim.name] = value
-    return params
+    return space.trial_params(params)
+
+
+def _nearness(hardware: str, other: str) -> tuple[int, int]:
+    """Larger is nearer: the same size suffix (cores, "2c"), then the number of shared words of the class name."""
+    words, others = hardware.split("-"), other.split("-")
+    return int(words[-1] == others[-1]), len(set(words) & set(others))
+
+
+def recipe_classes(out: str | Path, model: str, hardware: str) -> list[str]:
+    """The hardware classes whose recipes may warm-start `hardware`: itself first, then the other classes of its
+    backend (the class name's first word: cpu, cuda, npu) that have recipes for the model, nearest first."""
+    root = recipe_dir(out, model, hardware).parent
+    backend = hardware.split("-")[0]
+    others = [p.name for p in root.iterdir() if p.is_dir() and p.name != hardware
+              and p.name.split("-")[0] == backend] if root.is_dir() else []
+    return [hardware, *sorted(others, key=lambda o: (tuple(-x for x in _nearness(hardware, o)), o))]
 
 
 def enqueue_recipes(study: optuna.Study, space: SearchSpace, out: str | Path, model: str, hardware: str) -> int:
-    """Enqueue each distinct recipe configuration under out/<model>/<hardware>/ that the study has not tried."""
-    folder = recipe_dir(out, model, hardware)
+    """Enqueue each distinct recipe configuration of recipe_classes() that the study has not tried, in that
+    order (the study's trial budget bounds how many of them run)."""
     # Waiting (enqueued) trials carry their parameters as fixed_params until they run.
     tried = [t.params or t.system_attrs.get("fixed_params", {}) for t in study.trials]
+    count = 0
+    for hardware_class in recipe_classes(out, model, hardware):
+        count += _enqueue_class(study, space, recipe_dir(out, model, hardware_class), hardware_class, tried)
+    return count
+
+
+def _enqueue_class(study: optuna.Study, space: SearchSpace, folder: Path, hardware_class: str,
+                   tried: list[dict]) -> int:
     count = 0
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
         try:
@@ -44,7 +76,8 @@ def enqueue_recipes(study: optuna.Study, space: SearchSpace, out: str | Path, mo
         params = _params(config, space)
         if params is None or params in tried:
             continue
-        study.enqueue_trial(params, user_attrs={"role": "warm-start", "warm_start_recipe": path.name})
+        study.enqueue_trial(params, user_attrs={"role": "warm-start", "warm_start_recipe": path.name,
+                                                "warm_start_class": hardware_class})
         tried.append(params)
         count += 1
     if count:

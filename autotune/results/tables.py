@@ -20,6 +20,16 @@ def _agreement(gate: dict) -> str:
     return f"{gate['tie_aware_agreement']:.4f}" if "tie_aware_agreement" in gate else "-"
 
 
+def _peak_mb(bench: dict) -> str:
+    # Marked where the high-water mark could not be reset before the runs (benchmark/bench.py): that figure also
+    # holds loading and building, so it is not comparable with the others.
+    mark = "*" if bench.get("peak_memory_reset") is False else " "
+    return f"{bench['peak_memory_mb']:.0f}{mark}"
+
+
+_PEAK_FOOTNOTE = "* peak memory not reset before the runs: it includes loading and building (see bench.peak_memory_note)"
+
+
 def pareto_table(study: optuna.Study) -> str:
     trials = pareto_trials(study)
     base = _baseline_tput(study)
@@ -31,7 +41,7 @@ def pareto_table(study: optuna.Study) -> str:
         gain = f"{b['throughput_tok_s'] / base:.2f}x" if base else "-"
         lines.append(f"{t.number:>5}  {DeployConfig(**t.user_attrs['config']).label():<46} "
                      f"{b['throughput_tok_s']:>7.1f} {gain:>6} {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms "
-                     f"{b['peak_memory_mb']:>8.0f} {_agreement(g):>7}")
+                     f"{_peak_mb(b):>9}{_agreement(g):>7}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
     baseline = study.user_attrs.get("speed_baseline")
@@ -39,7 +49,10 @@ def pareto_table(study: optuna.Study) -> str:
         b = baseline["bench"]
         lines.append(f"baseline: {baseline['what']}, batch {baseline['batch_size']}: {b['throughput_tok_s']:.1f} tok/s, "
                      f"TTFT p50 {b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, "
-                     f"{b['peak_memory_mb']:.0f} MB")
+                     f"{_peak_mb(b).rstrip()} MB")
+    benches = [t.user_attrs["bench"] for t in trials] + ([baseline["bench"]] if baseline else [])
+    if any(b.get("peak_memory_reset") is False for b in benches):
+        lines.append(_PEAK_FOOTNOTE)
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from autotune.errors import UserInputError
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
+from autotune.quant.plan import quant_plan
 from autotune.recipes.recipe import Recipe
 from autotune.serve.http import ServingApp, ServingServer
 from autotune.serve.metrics import ServerMetrics
@@ -34,7 +35,7 @@ def _engine_for(recipe: Recipe, check_weights: bool):
         torch.set_num_threads(config.device_power)  # on the CPU, the power level is the thread count
     hf = load_hf_model(spec, "float32")
     max_seq_len = min(recipe.max_seq_len, hf.config.max_position_embeddings)
-    engine = build_engine(hf, config)
+    engine = build_engine(hf, config, plan=quant_plan(hf, spec, load_tokenizer(spec), config, recipe.kept_layers))
     del hf
     return engine, load_tokenizer(spec), max_seq_len
 

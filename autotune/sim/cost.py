@@ -1,5 +1,6 @@
-"""What one forward step of a LLaMA-family model asks of the hardware: FLOPs, bytes and kernels, per layer
-and in total. Pure arithmetic on architecture facts; no hardware figures here."""
+"""What one forward step of a decoder-only model asks of the hardware: FLOPs, bytes and kernels, per layer
+and in total. Pure arithmetic on architecture facts (GQA's KV heads, Gemma's head_dim, tied embeddings, sliding
+windows); no hardware figures here."""
 from __future__ import annotations
 
 import math
@@ -7,8 +8,17 @@ from dataclasses import dataclass
 
 from autotune.models.registry import ModelSpec
 
-__all__ = ["WEIGHT_BYTES", "ACT_BYTES", "StepCost", "step_cost", "weight_bytes", "streamed_weight_bytes", "kernels_per_layer",
-           "layer_activation_elems", "linear_params_per_layer"]
+__all__ = [
+    "ACT_BYTES",
+    "WEIGHT_BYTES",
+    "StepCost",
+    "kernels_per_layer",
+    "layer_activation_elems",
+    "linear_params_per_layer",
+    "step_cost",
+    "streamed_weight_bytes",
+    "weight_bytes",
+]
 
 # Bytes per linear-layer weight. int4 carries a bf16 scale and zero point per group of 128 weights; int8 a
 # per-channel scale (negligible). Embedding and lm_head stay 16-bit, as in this project's engine.
@@ -36,8 +46,9 @@ HEAD_KERNELS = 4  # embedding lookup, final norm, lm_head, sampling
 
 
 def linear_params_per_layer(spec: ModelSpec) -> int:
-    kv_dim = spec.num_kv_heads * spec.head_dim
-    return spec.hidden_size * (spec.hidden_size * 2 + 2 * kv_dim) + 3 * spec.hidden_size * spec.intermediate_size
+    # q and o are heads x head_dim wide: the hidden size in LLaMA, not in Gemma (head_dim 256 at any width)
+    q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return spec.hidden_size * (q_dim * 2 + 2 * kv_dim) + 3 * spec.hidden_size * spec.intermediate_size
 
 
 def weight_bytes(spec: ModelSpec, quant: str) -> float:
@@ -95,4 +106,15 @@ def step_cost(spec: ModelSpec, quant: str, fused: bool, rows: int, new_tokens: i
     # Paged attention reads whole pages of earlier tokens (the tail of the last page too); new K/V is written.
     pages_read = math.ceil(context / page_size) * page_size if context else 0
     kv = rows * (pages_read + new_tokens) * kv_per_token
+    if spec.num_sliding_layers:
+        # Windowed layers attend to (and read) their last `sliding_window` positions only.
+        window = spec.sliding_window
+        full, windowed = spec.num_full_layers, spec.num_sliding_layers
+        # sum over j in 1..new_tokens of min(context + j, window)
+        within = min(max(window - context, 0.0), new_tokens)
+        attended_windowed = within * context + within * (within + 1) / 2 + (new_tokens - within) * window
+        attention = 4 * rows * spec.num_heads * spec.head_dim * (full * attended + windowed * attended_windowed)
+        window_read = min(pages_read, (math.ceil(window / page_size) + 1) * page_size)
+        kv = rows * (full * pages_read + windowed * window_read + layers * new_tokens) \
+            * spec.kv_bytes_per_token_layer(ACT_BYTES)
     return StepCost(matmul, attention, streamed_weight_bytes(spec, quant), act, kv, kernels_per_layer(quant, fused))

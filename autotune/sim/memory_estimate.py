@@ -10,7 +10,7 @@ from autotune.models.registry import ModelSpec
 from autotune.sim.cost import ACT_BYTES, layer_activation_elems, weight_bytes
 from autotune.sim.hardware import HardwareProfile
 
-__all__ = ["MemoryEstimate", "estimate_memory", "kv_pages_reserved"]
+__all__ = ["MemoryEstimate", "estimate_memory", "kv_bytes_reserved", "kv_pages_reserved"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +31,8 @@ class MemoryEstimate:
                                                       "load_transient")}
 
 
-def kv_pages_reserved(config: DeployConfig, workload: Workload) -> int:
-    """Peak pages held, counted per sequence as the engine does (one page id spans every layer).
-
-    preallocate: every batch slot reserves the workload's maximum length up front; on_demand: pages follow the
-    tokens, so the peak is the mean request at its end; pool: each admitted request reserves its own length
-    (prompt + output), pages of the maximum prompt in the worst case."""
+def _rows_and_pages(config: DeployConfig, workload: Workload) -> tuple[int, int]:
+    """(sequences holding pages, pages each holds) at the peak; see kv_pages_reserved."""
     rows = min(config.batch_size, workload.num_requests)
     page = config.page_size
     mean_len = (workload.prompt_min + workload.prompt_max) / 2 + workload.output_tokens
@@ -47,14 +43,38 @@ def kv_pages_reserved(config: DeployConfig, workload: Workload) -> int:
         per_seq = math.ceil(workload.max_seq_len / page)
     else:
         per_seq = math.ceil(mean_len / page)
+    return rows, per_seq
+
+
+def kv_pages_reserved(config: DeployConfig, workload: Workload) -> int:
+    """Peak pages held, counted per sequence as the engine does (one page id spans every layer).
+
+    preallocate: every batch slot reserves the workload's maximum length up front; on_demand: pages follow the
+    tokens, so the peak is the mean request at its end; pool: each admitted request reserves its own length
+    (prompt + output), pages of the maximum prompt in the worst case."""
+    rows, per_seq = _rows_and_pages(config, workload)
     return rows * per_seq
+
+
+def kv_bytes_reserved(spec: ModelSpec, config: DeployConfig, workload: Workload) -> float:
+    """Bytes of the reserved KV pages. A windowed layer holds at most the pages its window spans (the window
+    plus one page: it rarely starts on a page boundary), as a window-aware paged cache (vLLM's) keeps them.
+    This project's CPU engine masks instead and keeps every page of every layer: its measured KV is the
+    all-layers figure."""
+    pages = kv_pages_reserved(config, workload)
+    # +1 page: the engine keeps a scratch page for padded rows
+    if not spec.num_sliding_layers:
+        return (pages + 1) * config.page_size * spec.kv_bytes_per_token(ACT_BYTES)
+    rows, per_seq = _rows_and_pages(config, workload)
+    window_pages = rows * min(per_seq, math.ceil(spec.sliding_window / config.page_size) + 1)
+    page_layers = spec.num_full_layers * (pages + 1) + spec.num_sliding_layers * (window_pages + 1)
+    return page_layers * config.page_size * spec.kv_bytes_per_token_layer(ACT_BYTES)
 
 
 def estimate_memory(spec: ModelSpec, config: DeployConfig, workload: Workload,
                     profile: HardwareProfile) -> MemoryEstimate:
     pages = kv_pages_reserved(config, workload)
-    # +1 page: the engine keeps a scratch page for padded rows
-    kv = (pages + 1) * config.page_size * spec.kv_bytes_per_token(ACT_BYTES)
+    kv = kv_bytes_reserved(spec, config, workload)
     fused = config.fusion_level == "O2"
     rows = min(config.batch_size, workload.num_requests)
     prefill_tokens = rows * workload.prompt_max

@@ -7,27 +7,47 @@ from typing import Any
 
 import yaml
 
-from autotune.config.deploy import FUSION_LEVELS, KV_POLICIES, NUMERICS_KNOBS, QUANT_SCHEMES, DeployConfig
+from autotune.config.deploy import (
+    FUSION_LEVELS,
+    KV_POLICIES,
+    NUMERICS_KNOBS,
+    QUANT_METHODS,
+    QUANT_SCHEMES,
+    DeployConfig,
+)
 from autotune.errors import SpaceError
 
 __all__ = ["Dimension", "SearchSpace", "load_space", "DEFAULT_SPACE"]
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
-_KNOWN = ("quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy", "device_power")
+_KNOWN = ("quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size", "page_size",
+          "kv_policy", "device_power")
 
 
 @dataclass(frozen=True, slots=True)
 class Dimension:
     """One knob: its values, when it applies (`when`: other dimension -> allowed values), and whether it
-    changes what the model computes."""
+    changes what the model computes. A knob whose meaningful values depend on another's (`by`: quant_method by
+    quant) holds them per value of that one in `choices`, and `values` is their union; it applies only where it
+    has choices."""
 
     name: str
     values: tuple[Any, ...]
     numerics: bool = False
     when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    by: str | None = None
+    choices: dict[Any, tuple[Any, ...]] = field(default_factory=dict)
+
+    def values_for(self, params: dict[str, Any]) -> tuple[Any, ...]:
+        return self.choices.get(params.get(self.by), ()) if self.by else self.values
 
     def applies(self, params: dict[str, Any]) -> bool:
-        return all(params.get(dim) in allowed for dim, allowed in self.when.items())
+        return all(params.get(dim) in allowed for dim, allowed in self.when.items()) and bool(self.values_for(params))
+
+    def trial_name(self, params: dict[str, Any]) -> str:
+        """The Optuna parameter's name. Optuna keeps one set of choices per name, so a knob with `by` has one
+        name per value of that dimension: "quant_method[w8a8]"."""
+        return f"{self.name}[{params[self.by]}]" if self.by else self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +65,26 @@ class SearchSpace:
         params: dict[str, Any] = {}
         for dim in self.dimensions:
             if dim.applies(params):
-                params[dim.name] = trial.suggest_categorical(dim.name, list(dim.values))
+                params[dim.name] = trial.suggest_categorical(dim.trial_name(params), list(dim.values_for(params)))
         return params
+
+    def trial_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Parameters by dimension name (as `suggest` returns them) -> by Optuna parameter name, for
+        `enqueue_trial` and for comparing with `trial.params`."""
+        out: dict[str, Any] = {}
+        for dim in self.dimensions:
+            if dim.name in params:
+                out[dim.trial_name(params)] = params[dim.name]
+        return out
 
     def baseline_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {}
         for dim in self.dimensions:
             if not dim.applies(params):
                 continue
-            value = self.baseline.get(dim.name, dim.values[0])
-            params[dim.name] = max(dim.values) if value == "max" else value
+            values = dim.values_for(params)
+            value = self.baseline.get(dim.name, values[0])
+            params[dim.name] = max(values) if value == "max" else value
         return params
 
     def to_config(self, params: dict[str, Any], fixed: dict[str, Any] | None = None) -> DeployConfig:
@@ -67,10 +97,19 @@ class SearchSpace:
             if dim.name != name:
                 dims.append(dim)
             elif keep:
-                dims.append(replace(dim, values=tuple(v for v in dim.values if v in keep)))
+                choices = {k: tuple(v for v in vs if v in keep) for k, vs in dim.choices.items()}
+                dims.append(replace(dim, values=tuple(v for v in dim.values if v in keep),
+                                    choices={k: vs for k, vs in choices.items() if vs}))
         removed = [v for v in self.dimension(name).values if v not in keep]
         note = f"values {removed} removed: {reason}" if keep else f"dropped: {reason}"
         return replace(self, dimensions=tuple(dims), dropped={**self.dropped, name: note})
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every configuration's parameters, conditional dimensions only where they apply (as grid_size counts)."""
+        out: list[dict[str, Any]] = [{}]
+        for dim in self.dimensions:
+            out = [{**p, dim.name: v} for p in out for v in (dim.values_for(p) if dim.applies(p) else (None,))]
+        return [{k: v for k, v in p.items() if v is not None} for p in out]
 
     def grid_size(self) -> int:
         """Number of distinct configurations (conditional dimensions counted only where they apply)."""
@@ -80,7 +119,7 @@ class SearchSpace:
             dim = self.dimensions[i]
             if not dim.applies(params):
                 return count(i + 1, params)
-            return sum(count(i + 1, {**params, dim.name: v}) for v in dim.values)
+            return sum(count(i + 1, {**params, dim.name: v}) for v in dim.values_for(params))
         return count(0, {})
 
 
@@ -122,6 +161,20 @@ def _positive_int(v: Any) -> bool:
     return type(v) is int and v >= 1
 
 
+def _by_values(path: str, name: str, node: yaml.Node, by: Dimension) -> dict[Any, tuple[Any, ...]]:
+    """`values` of a knob with `by`: a mapping from values of that dimension to lists of this knob's values."""
+    choices: dict[Any, tuple[Any, ...]] = {}
+    for key, sub in _mapping(path, node, f"{name}.values (by {by.name})").items():
+        parent = yaml.safe_load(key)
+        if parent not in by.values:
+            raise _fail(path, sub, f"{name}.values: {parent!r} is not a value of {by.name}")
+        choices[parent] = _scalars(path, sub, f"{name}.values.{parent}")
+        for v in choices[parent]:
+            if not _VALID_BY[name](parent, v):
+                raise _fail(path, sub, f"{name}: {v!r} is not a valid value for {by.name}={parent}")
+    return choices
+
+
 _VALID = {
     "quant": lambda v: v in QUANT_SCHEMES,
     "fusion_level": lambda v: v in FUSION_LEVELS,
@@ -130,7 +183,11 @@ _VALID = {
     "page_size": _positive_int,
     "kv_policy": lambda v: v in KV_POLICIES,
     "device_power": _positive_int,
+    "fallback_layers": lambda v: type(v) is int and v >= 0,  # the default space's are FALLBACK_LAYERS
+    "quant_method": lambda v: any(v in methods for methods in QUANT_METHODS.values()),
 }
+# Knobs that may be given per value of another (`by`), and which values are meaningful for which.
+_VALID_BY = {"quant_method": lambda scheme, v: v in QUANT_METHODS.get(scheme, ())}
 
 
 def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
@@ -160,11 +217,20 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
             raise _fail(path, _key(top["dimensions"], name), f"unknown dimension {name!r}; known: {', '.join(_KNOWN)}")
         spec = _mapping(path, node, f"dimension {name}")
         for key, sub in spec.items():
-            if key not in ("values", "numerics", "when"):
-                raise _fail(path, _key(node, key), f"dimension {name}: unknown key {key!r} (values, numerics, when)")
+            if key not in ("values", "numerics", "when", "by"):
+                raise _fail(path, _key(node, key), f"dimension {name}: unknown key {key!r} (values, numerics, when, by)")
         if "values" not in spec:
             raise _fail(path, node, f"dimension {name}: missing 'values'")
-        values = _scalars(path, spec["values"], f"{name}.values")
+        by, choices = None, {}
+        if "by" in spec:
+            by = yaml.safe_load(yaml.serialize(spec["by"]))
+            if name not in _VALID_BY or by not in {d.name for d in dims}:
+                raise _fail(path, spec["by"], f"{name}.by: {by!r} must be a dimension defined above it, and only "
+                            f"{', '.join(_VALID_BY)} can be given by another")
+            choices = _by_values(path, name, spec["values"], next(d for d in dims if d.name == by))
+            values = tuple(dict.fromkeys(v for vs in choices.values() for v in vs))
+        else:
+            values = _scalars(path, spec["values"], f"{name}.values")
         for v in values:
             if not _VALID[name](v):
                 raise _fail(path, spec["values"], f"{name}: {v!r} is not a valid value")
@@ -177,7 +243,7 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
                 if other not in {d.name for d in dims}:
                     raise _fail(path, allowed, f"{name}.when refers to {other!r}, which must be defined above it")
                 when[other] = _scalars(path, allowed, f"{name}.when.{other}")
-        dims.append(Dimension(name, values, numerics, when))
+        dims.append(Dimension(name, values, numerics, when, by, choices))
     names = {d.name for d in dims}
     if "layers_per_subgraph" in names and "fusion_level" in names and not dims[
             [d.name for d in dims].index("layers_per_subgraph")].when:

@@ -19,6 +19,7 @@ from autotune.study.coordination import (
     wait_for_twin,
     worker_id,
 )
+from autotune.study.guide import GUIDE_ROLE, Guide
 from autotune.study.settings import OBJECTIVES, SearchSettings
 from autotune.study.storage import heartbeat_seconds
 from autotune.trial.job import Job, JobKind, JobResult, Status
@@ -40,16 +41,24 @@ def _constraint_values(settings: SearchSettings, bench: dict) -> dict[str, float
     return out
 
 
-def _previous(study: optuna.Study, params: dict) -> optuna.trial.FrozenTrial | None:
+def _measured_under(settings: SearchSettings) -> dict:
+    """What a trial's result depends on beyond its configuration: the gate's threshold and tie epsilon, and the
+    workload its benchmark ran. Stored on each trial, so that a result is reused only under the same."""
+    return {"min_agreement": settings.min_agreement, "tie_epsilon": settings.tie_epsilon,
+            "workload": settings.workload.to_dict()}
+
+
+def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> optuna.trial.FrozenTrial | None:
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    under = _measured_under(settings)
     for t in study.get_trials(deepcopy=False, states=states):
-        if t.params == params and "duplicate_of" not in t.user_attrs:
+        if t.params == params and "duplicate_of" not in t.user_attrs and t.user_attrs.get("measured_under") == under:
             return t
     return None
 
 
 _STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source", "profile",
-           "compile_cache")
+           "compile_cache", "timing", "quant")
 
 
 def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, result: JobResult) -> str:
@@ -93,25 +102,54 @@ def best_so_far(study: optuna.Study, sep: str = ", ") -> str:
     return "best: " + sep.join(parts)
 
 
+def _front(study: optuna.Study) -> list[dict]:
+    """The feasible Pareto front so far, as the trial's successive halving reads it."""
+    return [{"number": t.number, **{name: t.values[i] for i, (name, _) in enumerate(OBJECTIVES)}}
+            for t in study.best_trials]
+
+
 def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
               config: DeployConfig, common: dict) -> JobResult:
     """The trial's result: a finished twin's result reused, a cached failing gate, or the backend's run."""
     wait_for_twin(study, trial, settings.trial_timeout_s + 2 * heartbeat_seconds()[1])
-    previous = _previous(study, trial.params)
+    trial.set_user_attr("measured_under", _measured_under(settings))
+    previous = _previous(study, trial.params, settings)
     if previous is not None:
         trial.set_user_attr("duplicate_of", previous.number)
         log(f"  same configuration as trial #{previous.number}: its result is reused")
         status = Status.OK if previous.state == optuna.trial.TrialState.COMPLETE else Status.GATED
         return JobResult(status, gate=previous.user_attrs.get("gate"), bench=previous.user_attrs.get("bench"))
     checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
-    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon, backend.name))
+    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon, backend.name,
+                                     config.device_power))
     if cached_gate is not None:
         cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
                        "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
     if cached_gate is not None and not cached_gate["passed"]:
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
-    job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate, **common)
+    job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate,
+              front=_front(study), **common)
     return backend.run(job, settings.trial_timeout_s)
+
+
+def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int) -> None:
+    """Unless a trial waits already (the baseline, warm starts, retries) or it is the sampler's turn, queue the
+    guide's next configuration, with what it predicts for it."""
+    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        return
+    if sampler_share and done % sampler_share == sampler_share - 1:
+        log("  this trial is the sampler's (TPE) own")
+        return
+    started = time.perf_counter()
+    guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
+    picked = guide.next_params(study, turn=guided)
+    if picked is None:
+        return
+    params, predicted = picked
+    study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE, "predicted": predicted})
+    log(f"  guide ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted "
+        f"{predicted['throughput_tok_s']:.1f} tok/s, TPOT p99 {predicted['tpot_p99_ms']:.1f} ms, "
+        f"{predicted['peak_memory_mb']:.0f} MB")
 
 
 def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study,
@@ -127,6 +165,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
                   tie_epsilon=settings.tie_epsilon, repeats=settings.repeats)
     patience_s = settings.trial_timeout_s + 2 * heartbeat_seconds()[1]
+    guide = Guide.for_backend(backend.name, settings.model, space, settings.workload) if settings.guided else None
     started, ran = time.perf_counter(), 0
     while (done := wait_for_slot(study, target, patience_s)) is not None:
         elapsed = time.perf_counter() - started
@@ -134,6 +173,8 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
             log(f"time budget of {settings.timeout_s / 60:.0f} min reached after {ran} trials; "
                 "run the same command again to continue")
             break
+        if guide is not None:
+            _enqueue_guided(study, guide, done, settings.sampler_share)
         trial = study.ask()
         with heartbeat(study, trial):
             try:

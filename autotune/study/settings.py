@@ -31,6 +31,8 @@ class SearchSettings:
     repeats: int = 3
     trial_memory_mb: float | None = None  # address-space limit of each trial's process
     timeout_s: float | None = None  # no new trial once one more would likely end past this (Optuna's timeout)
+    guided: bool = True  # the simulator orders most trials (autotune/study/guide.py) where the backend has a profile
+    sampler_share: int = 3  # with guidance, every this-many-th trial is the sampler's own
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -49,6 +49,7 @@ def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backen
     checksum = model_checksum(spec)
     attrs = {
         "model": settings.model, "model_source": spec.source, "model_checksum": checksum,
+        "model_architecture": spec.architecture,
         "eval_digest": eval_set_digest(EVAL_POSITIONS), "backend": backend.name, "measured": backend.measured,
         "hardware": backend.fingerprint(), "workload": settings.workload.to_dict(), "space": space.source,
         "dropped_dimensions": space.dropped, "min_agreement": settings.min_agreement,
@@ -83,6 +84,7 @@ def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: B
     profile = backend.profile  # type: ignore[attr-defined]  # the simulator's, or its isolated wrapper's
     attrs = {
         "model": settings.model, "model_source": spec.source, "model_checksum": f"not computed: simulated ({spec.name})",
+        "model_architecture": spec.architecture,
         "eval_digest": "none: simulated", "backend": backend.name, "measured": False, "source": "simulated",
         "profile": profile.label, "hardware": backend.fingerprint(), "workload": settings.workload.to_dict(),
         "space": space.source, "dropped_dimensions": space.dropped, "gate": GATE_NOT_MEASURED,

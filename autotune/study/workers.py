@@ -32,7 +32,7 @@ def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, 
             "tpot_slo_ms": settings.tpot_slo_ms, "sampler": settings.sampler, "seed": settings.seed,
             "trial_timeout_s": settings.trial_timeout_s, "repeats": settings.repeats,
             "trial_memory_mb": settings.trial_memory_mb, "backend": backend, "hardware": hardware, "space": space,
-            "isolate": isolate}
+            "isolate": isolate, "guided": settings.guided}
 
 
 def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[SearchSettings, dict]:
@@ -45,7 +45,7 @@ def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[S
     # Workers with one seed would suggest the same configurations: local workers get seed + index, others none.
     seed = saved["seed"] + seed_offset if saved.get("seed") is not None and seed_offset is not None else None
     settings = SearchSettings(study=study.study_name, storage=url, trials=0, workload=Workload(**saved["workload"]),
-                              seed=seed, **{k: saved[k] for k in keys})
+                              seed=seed, guided=saved.get("guided", True), **{k: saved[k] for k in keys})
     return settings, saved
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autotune.paths import cache_root
 
-__all__ = ["compiler_cache_env", "compiler_cache_counts"]
+__all__ = ["compiler_cache_env", "compiler_cache_counts", "compile_seconds"]
 
 
 def compiler_cache_env() -> dict[str, str]:
@@ -23,3 +23,15 @@ def compiler_cache_counts() -> dict[str, int]:
         return {}
     inductor = counters.get("inductor", {})
     return {"hits": int(inductor.get("fxgraph_cache_hit", 0)), "misses": int(inductor.get("fxgraph_cache_miss", 0))}
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent compiling graphs (dynamo tracing and inductor code generation, cache loads
+    included), from torch's own compile timers."""
+    try:
+        from torch._dynamo.utils import compile_times
+    except ImportError:
+        return 0.0
+    names, values = compile_times(repr="csv")
+    return sum(float(v) for name, cell in zip(names, values) if name == "_compile.compile_inner"
+               for v in str(cell).split(",") if v.strip())

@@ -39,6 +39,9 @@ class Job:
     repeats: int = 3
     gate: dict | None = None  # cached gate figures for these numerics: skip the gate
     baseline_batch: int = 8
+    # The study's Pareto front so far ({"number", "throughput_tok_s", "tpot_p99_ms", "peak_memory_mb"} each): a
+    # trial clearly dominated by one of them stops its timed repeats early.
+    front: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.kind = JobKind(self.kind)
@@ -68,9 +71,11 @@ class JobResult:
     source: str | None = None  # "simulated" where the figures are predictions
     profile: str | None = None  # the simulator's hardware profile
     prediction: dict | None = None
+    timing: dict | None = None  # seconds by stage: build_s, gate_s, compile_s (inside the others), bench_s
     path: str | None = None  # a reference job: where its logits are cached
     batch_size: int | None = None  # the speed baseline: its batch and what it ran
     what: str | None = None
+    quant: dict | None = None  # the quantize step: method, layers converted and kept, calibration, sensitivity
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

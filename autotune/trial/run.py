@@ -15,15 +15,16 @@ from autotune.benchmark.peak_rss import rss_bytes
 from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
-from autotune.engine import build_engine
+from autotune.engine import Engine, build_engine
 from autotune.errors import AutotuneError
-from autotune.gate.accuracy import Reference, compute_reference, evaluate_gate
+from autotune.gate.accuracy import GateResult, Reference, compute_reference, decode_check, evaluate_gate
 from autotune.gate.cache import gate_key, reference_path, store_gate
 from autotune.gate.corpus import bench_prompts, drift_prompts, eval_set_digest, eval_windows
 from autotune.models.registry import ModelSpec, resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
-from autotune.trial.compiler_cache import compiler_cache_counts
+from autotune.quant.plan import quant_plan
+from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["run_job"]
@@ -51,38 +52,66 @@ def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base
     return JobResult(Status.OK, path=str(path))
 
 
+def _gate(job: Job, engine: Engine, spec: ModelSpec, tokenizer, device: Device | None,
+          workload: Workload) -> tuple[dict, bool]:
+    """(gate figures, whether the teacher-forced part came from the cache). The decode check runs in every
+    trial: it is of this configuration's decode path (batch size, page size), which the numerics key that the
+    cache is keyed by does not hold."""
+    checksum, digest = model_checksum(spec), eval_set_digest(job.eval_positions)
+    ref = Reference(**torch.load(reference_path(checksum, digest)))
+    # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
+    shapes = dict(max_seq_len=workload.max_seq_len, pool_tokens=engine.config.batch_size * workload.max_seq_len)
+    if job.gate is not None:
+        log("  gate: teacher-forced figures of these numerics cached; decode check through this configuration")
+        decode = decode_check(engine, ref, drift_prompts(tokenizer), job.tie_epsilon, **shapes)
+        gate = GateResult.from_dict({**job.gate, **decode}).to_dict()
+        return {**job.gate, **gate}, True
+    log("  gate: teacher-forced agreement with the fp32 reference, then through the decode path")
+    gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), drift_prompts(tokenizer),
+                         tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement, **shapes).to_dict()
+    device_name = device.name if device is not None else "cpu"
+    store_gate(gate_key(checksum, digest, engine.config.numerics_key(), job.tie_epsilon, device_name, job.threads),
+               gate)
+    return gate, False
+
+
+def _gate_line(gate: dict) -> str:
+    line = f"tie-aware {gate['tie_aware_agreement']:.4f}, raw {gate['raw_agreement']:.4f}, ppl {gate['perplexity']:.2f}"
+    if gate.get("stopped_early"):
+        return f"{line} after {gate['positions']} positions: stopped, a pass was out of reach (FAIL)"
+    if gate.get("decode_agreement") is not None:
+        line += f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions"
+    return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
+
+
 def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> JobResult:
     config = DeployConfig(**job.config)
     workload = Workload(**job.workload)
     hf = load_hf_model(spec, "float32")
     log(f"  build {config.label()}")
-    engine = build_engine(hf, config, device=device)
+    plan = quant_plan(hf, spec, tokenizer, config)  # calibration, sensitivity: cached after the first trial
+    engine = build_engine(hf, config, device=device, plan=plan)
     del hf
-    result = JobResult(Status.OK, build_s=engine.build_seconds)
-    checksum, digest = model_checksum(spec), eval_set_digest(job.eval_positions)
-    if job.gate is None:
-        log("  gate: teacher-forced agreement with the fp32 reference")
-        t0 = time.perf_counter()
-        ref = Reference(**torch.load(reference_path(checksum, digest)))
-        gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), drift_prompts(tokenizer),
-                             tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
-                             max_seq_len=workload.max_seq_len).to_dict()
-        gate["seconds"] = time.perf_counter() - t0
-        device_name = device.name if device is not None else "cpu"
-        store_gate(gate_key(checksum, digest, config.numerics_key(), job.tie_epsilon, device_name), gate)
-        result.gate, result.gate_cached = gate, False
-        log(f"  gate: tie-aware {gate['tie_aware_agreement']:.4f}, raw {gate['raw_agreement']:.4f}, "
-            f"ppl {gate['perplexity']:.2f} ({'pass' if gate['passed'] else 'FAIL'})")
-        if not gate["passed"]:
-            result.status = Status.GATED
-            return result
-    else:
-        result.gate, result.gate_cached = job.gate, True
+    result = JobResult(Status.OK, build_s=engine.build_seconds,
+                       quant={**(plan.summary if plan else {}), **engine.quantization})
+    timing = {"build_s": engine.build_seconds}
+    t0 = time.perf_counter()
+    gate, cached = _gate(job, engine, spec, tokenizer, device, workload)
+    timing["gate_s"] = gate["seconds"] = time.perf_counter() - t0
+    result.gate, result.gate_cached, result.timing = gate, cached, timing
+    log(f"  gate: {_gate_line(gate)}")
+    if not gate["passed"]:
+        result.status = Status.GATED
+        timing["compile_s"] = compile_seconds()
+        return result
     log("  benchmark")
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
+    t0 = time.perf_counter()
     result.bench = benchmark_engine(engine, prompts, workload, repeats=job.repeats, base_rss=base_rss,
-                                    device=device)
+                                    device=device, cut=dominated_cut(job.front) if job.front else None)
+    timing["bench_s"] = time.perf_counter() - t0
+    timing["compile_s"] = compile_seconds()
     return result
 
 
@@ -98,6 +127,28 @@ def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device | None, ba
                                   base_rss=base_rss, device=device)
     return JobResult(Status.OK, bench=bench, batch_size=job.baseline_batch,
                      what="transformers generate, bf16, eager, dynamic cache")
+
+
+# One timed run on these CPUs drifts by up to about 20% (README, "Measured on this machine"): a configuration is
+# clearly dominated only when a front point beats it by more than that on throughput and on TPOT p99, using no
+# more memory (within 10%).
+DOMINATED_MARGIN = 1.25
+MEMORY_SLACK = 1.10
+
+
+def dominated_cut(front: list[dict]):
+    """The benchmark's `cut`: the first front point that clearly dominates the figures so far, as a reason."""
+    def cut(figures: dict) -> str | None:
+        for p in front:
+            if (p["throughput_tok_s"] > DOMINATED_MARGIN * figures["throughput_tok_s"]
+                    and p["tpot_p99_ms"] * DOMINATED_MARGIN < figures["tpot_p99_ms"]
+                    and p["peak_memory_mb"] <= MEMORY_SLACK * figures["peak_memory_mb"]):
+                return (f"clearly dominated by trial #{p['number']} ({p['throughput_tok_s']:.1f} against "
+                        f"{figures['throughput_tok_s']:.1f} tok/s, TPOT p99 {p['tpot_p99_ms']:.1f} against "
+                        f"{figures['tpot_p99_ms']:.1f} ms, {p['peak_memory_mb']:.0f} against "
+                        f"{figures['peak_memory_mb']:.0f} MB)")
+        return None
+    return cut
 
 
 _HANDLERS = {JobKind.TRIAL: _trial, JobKind.REFERENCE: _reference, JobKind.HF_BASELINE: _hf_baseline}

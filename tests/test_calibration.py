@@ -1,0 +1,85 @@
+"""The calibration set (512 samples of shipped text, disjoint from the evaluation text) and the plan a trial builds
+from it: computed once per model, cached, and the fallback's layers chosen by the measured sensitivity."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autotune.config.deploy import DeployConfig
+from autotune.engine import build_engine
+from autotune.gate.corpus import EVAL_FILE
+from autotune.models.registry import resolve_model
+from autotune.models.weights import load_hf_model, load_tokenizer
+from autotune.quant import plan as plan_module
+from autotune.quant.calib_set import (
+    DISJOINT_RUN,
+    NUM_SAMPLES,
+    SAMPLE_TOKENS,
+    calib_set_digest,
+    calibration_samples,
+    provenance,
+    shared_run,
+)
+from autotune.quant.plan import calibration_dir, needs_plan, quant_plan
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_folder)
+
+
+def test_512_samples_of_shipped_text_disjoint_from_the_evaluation_text(tokenizer):
+    samples = calibration_samples(tokenizer)
+    assert len(samples) == NUM_SAMPLES == 512 and {len(s) for s in samples} == {SAMPLE_TOKENS}
+    assert samples == calibration_samples(tokenizer)  # the same every time
+    evaluation = tokenizer(EVAL_FILE.read_text(), add_special_tokens=False)["input_ids"]
+    assert shared_run(samples, evaluation, DISJOINT_RUN) == []
+    assert len({tuple(s) for s in samples}) == NUM_SAMPLES
+    record = provenance()
+    assert record["samples"] == 512 and EVAL_FILE.name not in record["files"]
+    assert record["digest"] == calib_set_digest()
+
+
+def test_the_disjointness_check_finds_a_shared_run():
+    other = list(range(100))
+    assert shared_run([[7, 8, 9] + list(range(40, 56)), [1] * 19], other, 16) == [0]
+
+
+@pytest.fixture()
+def tiny_plan_env(tiny_model_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
+    # The first 128 of the 512 samples: the flow is the same, the tiny model's passes four times shorter.
+    monkeypatch.setattr(plan_module, "calibration_samples", lambda tok: calibration_samples(tok)[:128])
+    spec = resolve_model(str(tiny_model_folder))
+    return spec, load_tokenizer(spec), load_hf_model(spec, "float32")
+
+
+def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(tiny_plan_env, monkeypatch):
+    spec, tokenizer, hf = tiny_plan_env
+    assert quant_plan(hf, spec, tokenizer, DeployConfig(quant="w8a8")) is None  # rtn, no fallback: the plain scheme
+    config = DeployConfig(quant="w8a8", quant_method="smoothquant_static", fallback_layers=2)
+    assert needs_plan(config)
+    plan = quant_plan(hf, spec, tokenizer, config)
+    folder = calibration_dir(spec)
+    assert (folder / "calibration.pt").is_file()
+    ranking = json.loads((folder / "sensitivity-w8a8-smoothquant_static.json").read_text())["ranking"]
+    assert list(plan.keep) == [name for name, _ in ranking[:2]]
+    assert plan.summary["kept_layers"] == list(plan.keep)
+    assert plan.summary["sensitivity"]["ranking"][0][0] == plan.keep[0]
+    assert plan.summary["calibration"]["samples"] == 512
+    # The second trial reads the cache: no calibration pass, no sensitivity pass.
+    monkeypatch.setattr(plan_module, "collect_statistics", lambda *a, **k: pytest.fail("calibrated twice"))
+    monkeypatch.setattr(plan_module, "measure_sensitivity", lambda *a, **k: pytest.fail("measured twice"))
+    again = quant_plan(hf, spec, tokenizer, config)
+    assert again.keep == plan.keep
+    assert all(torch.equal(again.act_absmax[n], plan.act_absmax[n]) for n in plan.act_absmax)
+    engine = build_engine(hf, config, plan=again)
+    assert engine.quantization["converted"] == engine.quantization["decoder_linear_layers"] - 2
+    assert engine.quantization["kept"] == sorted(plan.keep)
+    # A recipe's own list of kept layers is used as given (serving it builds exactly what it says).
+    given = quant_plan(hf, spec, tokenizer, config, keep=("layers.0.o_proj", "layers.1.o_proj"))
+    assert given.keep == ("layers.0.o_proj", "layers.1.o_proj")

@@ -1,0 +1,38 @@
+"""`autotune quant-report` on the tiny model: a row per scheme x method x fallback, gated as a trial is gated."""
+from __future__ import annotations
+
+from autotune.cli.main import main
+from autotune.quant import plan as plan_module
+from autotune.quant.calib_set import calibration_samples
+from autotune.quant.report import Row, format_table, passing_depth, report_configs
+
+
+def test_configs_cover_each_meaningful_method_and_depth():
+    configs = report_configs()
+    labels = [c.scheme_label() for c in configs]
+    assert labels[0] == "bf16" and "w8a16+fb8" in labels and "w4a16+awq+fb2" in labels
+    assert "w8a8+smoothquant_static" in labels and "w8a8+smoothquant_dynamic+fb1" in labels
+    assert len(configs) == 1 + 5 + 3 * 5 + 2 * 5
+    assert [c.scheme_label() for c in report_configs(("w8a8",), ("smoothquant_static",), (0, 4))] == [
+        "w8a8+smoothquant_static", "w8a8+smoothquant_static+fb4"]
+
+
+def test_the_table_says_at_which_depth_each_scheme_passes():
+    rows = [Row("w8a8", "rtn", 0, 0.96, 0.9, 25.0, 24.0, 0.97, False, 200.0),
+            Row("w8a8", "rtn", 4, 0.996, 0.96, 24.5, 24.0, 0.996, True, 210.0),
+            Row("w4a16", "awq", 0, 0.8, 0.7, 30.0, 24.0, 0.8, False, 100.0)]
+    assert passing_depth(rows) == {("w8a8", "rtn"): 4, ("w4a16", "awq"): None}
+    table = format_table(rows)
+    assert "| w8a8 | rtn | 4 | 0.9960 |" in table and "w8a8/rtn: passes from fallback 4" in table
+    assert "w4a16/awq: passes at no measured fallback depth" in table
+
+
+def test_cli_measures_the_tiny_model(tiny_model_folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
+    monkeypatch.setattr(plan_module, "calibration_samples", lambda tok: calibration_samples(tok)[:128])
+    code = main(["quant-report", "--model", str(tiny_model_folder), "--schemes", "w8a8",
+                 "--methods", "smoothquant_static", "--fallback", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.count("\n| w8a8 | smoothquant_static | 2 | 0.") == 1
+    assert "w8a8/smoothquant_static: passes" in out
