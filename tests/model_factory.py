@@ -100,3 +100,13 @@ def make_gate_tiny(variant: str, seed: int = 0, **overrides):
         head = model.model.embed_tokens if model.config.tie_word_embeddings else model.lm_head
         head.weight.mul_(0.7)
     return model
+
+
+def hf_greedy(model, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """transformers' own greedy continuation of each prompt (one at a time: no padding to differ)."""
+    out = []
+    for p in prompts:
+        ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        out.append(ids[0, len(p):].tolist())
+    return out

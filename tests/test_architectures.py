@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_factory import ARCHITECTURE_VARIANTS, FEATURE_VARIANTS, WINDOW, make_gate_tiny, make_tiny, tiny_config
+from model_factory import (
+    ARCHITECTURE_VARIANTS,
+    FEATURE_VARIANTS,
+    WINDOW,
+    hf_greedy,
+    make_gate_tiny,
+    make_tiny,
+    tiny_config,
+)
 
 from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
@@ -30,15 +38,6 @@ def _prompts(vocab: int, lengths=(5, 17, 33, 12)) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def _hf_greedy(model, prompts: list[list[int]], new: int) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        out.append(ids[0, len(p):].tolist())
-    return out
-
-
 def _engine_greedy(model, prompts: list[list[int]], new: int, batch_size: int, page_size: int) -> list[list[int]]:
     engine = build_engine(model, DeployConfig(batch_size=batch_size, page_size=page_size), dtype=torch.float32)
     # As generate's min_new_tokens: end-of-sequence cannot be chosen before the minimum.
@@ -50,7 +49,7 @@ def _engine_greedy(model, prompts: list[list[int]], new: int, batch_size: int, p
 def test_greedy_tokens_match_transformers_fp32(variant):
     model = make_tiny(variant)
     prompts = _prompts(model.config.vocab_size)
-    expected = _hf_greedy(model, prompts, NEW)
+    expected = hf_greedy(model, prompts, NEW)
     assert len({t for row in expected for t in row}) > NEW  # peaked weights, not a model that repeats a token
     for page_size in (16, 128):
         for batch_size in (1, 4, 8):
@@ -61,7 +60,7 @@ def test_greedy_tokens_match_transformers_fp32(variant):
 def test_rope_scalings_and_features_match_transformers_fp32(variant):
     model = make_tiny(variant)
     prompts = _prompts(model.config.vocab_size)
-    assert _engine_greedy(model, prompts, NEW, 4, 16) == _hf_greedy(model, prompts, NEW)
+    assert _engine_greedy(model, prompts, NEW, 4, 16) == hf_greedy(model, prompts, NEW)
 
 
 @pytest.mark.parametrize("variant", [*ARCHITECTURE_VARIANTS, *FEATURE_VARIANTS])
@@ -135,7 +134,7 @@ def test_sliding_window_is_honoured_in_prefill_and_decode():
     windowed, full = make_tiny("mistral"), make_tiny("mistral", sliding_window=None)
     prompts = _prompts(512, lengths=(33, 24))
     assert _engine_greedy(windowed, prompts, NEW, 2, 16) != _engine_greedy(full, prompts, NEW, 2, 16)
-    assert _engine_greedy(full, prompts, NEW, 2, 16) == _hf_greedy(full, prompts, NEW)
+    assert _engine_greedy(full, prompts, NEW, 2, 16) == hf_greedy(full, prompts, NEW)
 
 
 def test_config_facts_read_from_the_config_object():

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from model_factory import hf_greedy
 
 from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
@@ -15,21 +16,12 @@ def _prompts(vocab: int, lengths=(5, 17, 33, 9, 24)) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def _hf_greedy(model, prompts, new):
-    out = []
-    for p in prompts:
-        ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                             max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        out.append(ids[0, len(p):].tolist())
-    return out
-
-
 @pytest.mark.parametrize("batch_size", [1, 2, 5])
 @pytest.mark.parametrize("page_size", [4, 16])
 @pytest.mark.parametrize("policy", ["on_demand", "preallocate", "pool"])
 def test_greedy_matches_transformers_fp32(tiny_llama, batch_size, page_size, policy):
     prompts = _prompts(tiny_llama.config.vocab_size)
-    expected = _hf_greedy(tiny_llama, prompts, 20)
+    expected = hf_greedy(tiny_llama, prompts, 20)
     config = DeployConfig(batch_size=batch_size, page_size=page_size, kv_policy=policy)
     engine = build_engine(tiny_llama, config, dtype=torch.float32)
     runner = engine.runner(max_seq_len=64)
@@ -40,7 +32,7 @@ def test_greedy_matches_transformers_fp32(tiny_llama, batch_size, page_size, pol
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_compiled_segments_match_transformers(tiny_llama, level):
     prompts = _prompts(tiny_llama.config.vocab_size)
-    expected = _hf_greedy(tiny_llama, prompts, 12)
+    expected = hf_greedy(tiny_llama, prompts, 12)
     config = DeployConfig(fusion_level=level, layers_per_subgraph=2, batch_size=4, page_size=8)
     engine = build_engine(tiny_llama, config, dtype=torch.float32)
     assert len(engine.model.segments) == 2

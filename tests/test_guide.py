@@ -3,8 +3,8 @@ a failed gate, and that run_search mixes its trials with the sampler's."""
 from __future__ import annotations
 
 import optuna
+from test_study import ScriptedBackend
 
-from autotune.backends.base import Backend
 from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.space.search_space import DEFAULT_SPACE, load_space
@@ -78,19 +78,10 @@ def test_an_unknown_scheme_is_probed_eagerly_and_a_failed_scheme_is_left_out(tin
             assert picked["quant"] == "bf16"
 
 
-class _Scripted(Backend):
+class _Scripted(ScriptedBackend):
     """A measured backend named like the CPU's, so that the guide takes it for one; figures are scripted."""
 
     name = "cpu"
-
-    def unavailable(self):
-        return None
-
-    def adapt_space(self, space):
-        return space
-
-    def fingerprint(self):
-        return {"hardware": "test-machine"}
 
     def run(self, job, timeout_s):
         config = DeployConfig(**job.config)
