@@ -64,7 +64,8 @@ def _one(params: dict, repeats: int) -> dict:
             "graphs": int(counters["stats"].get("unique_graphs", 0)), "warmup_s": bench.get("warmup_s"),
             # Loading the weights, the benchmark (warm-up and timed runs) and whatever else the job did.
             "rest_s": total - build_s - gate_s, "repeats": bench.get("repeats"),
-            "throughput_tok_s": bench.get("throughput_tok_s"), "decode_positions": gate.get("decode_positions"),
+            "throughput_tok_s": bench.get("throughput_tok_s"), "peak_memory_mb": bench.get("peak_memory_mb"),
+            "decode_positions": gate.get("decode_positions"),
             "gate_positions": gate.get("positions")}
 
 
@@ -95,12 +96,13 @@ def main() -> int:
         rows.append(json.loads(line[0].removeprefix("RESULT ")))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'configuration':<44} {'total s':>8} {'build s':>8} {'gate s':>8} {'compile s':>9} {'graphs':>6} "
-          f"{'load+bench s':>12} {'warm-up s':>9} {'tok/s':>7}")
+          f"{'load+bench s':>12} {'warm-up s':>9} {'tok/s':>7} {'peak MB':>8}")
     for r in rows:
         def f(key: str) -> str:
             return "-" if r.get(key) is None else f"{r[key]:.1f}"
         print(f"{r['config']:<44} {f('total_s'):>8} {f('build_s'):>8} {f('gate_s'):>8} {f('compile_s'):>9} "
-              f"{r['graphs']:>6} {f('rest_s'):>12} {f('warmup_s'):>9} {f('throughput_tok_s'):>7}")
+              f"{r['graphs']:>6} {f('rest_s'):>12} {f('warmup_s'):>9} {f('throughput_tok_s'):>7} "
+              f"{f('peak_memory_mb'):>8}")
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "unknown CPU")
     print(f"CPU: {cpu}, {os.cpu_count()} cores")

@@ -71,3 +71,13 @@ def decided_model_folder(tmp_path_factory, smollm2_folder):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_folder / name, folder / name)
     return folder
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices: a second thread only waits on the first on a shared 2-core machine (measured 0.6 s against
+    3-15 s). transformers and the engine run under the same setting, so their results stay comparable."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -22,8 +22,9 @@ def bench(tput: float, tpot: float, mem: float) -> dict:
 
 def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-cpu",
                points: list[tuple[dict, dict, dict | None, dict]] | None = None,
-               measured: bool = True) -> tuple[optuna.Study, str]:
-    """points: (config, bench, gate, constraints) per trial; a gate with passed False is recorded as pruned."""
+               measured: bool = True, sim_hardware: str = "h100") -> tuple[optuna.Study, str]:
+    """points: (config, bench, gate, constraints) per trial; a gate with passed False is recorded as pruned.
+    A simulated study (measured False) is of the hardware profile `sim_hardware`."""
     from autotune.backends.cpu import CpuBackend
     from autotune.models.registry import resolve_model
     from autotune.models.weights import model_checksum
@@ -34,13 +35,13 @@ def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-c
     spec = resolve_model(str(model))
     attrs = {"model": str(model), "model_source": spec.source, "model_checksum": model_checksum(spec),
              "backend": "cpu" if measured else "sim", "measured": measured,
-             "hardware": CpuBackend().fingerprint() if measured else {"hardware": "h100", "simulated": True},
+             "hardware": CpuBackend().fingerprint() if measured else {"hardware": sim_hardware, "simulated": True},
              "workload": TINY_WORKLOAD,
              "speed_baseline": {"what": "transformers generate, bf16, eager, dynamic cache", "batch_size": 8,
                                 "bench": bench(100.0, 50.0, 400.0)}}
     for key, value in attrs.items():
         study.set_user_attr(key, value)
-    versions = {"python": "3.11", "torch": "x"} if measured else {"simulator": "1", "profile": "h100 v2"}
+    versions = {"python": "3.11", "torch": "x"} if measured else {"simulator": "1", "profile": f"{sim_hardware} v2"}
     for config, figures, gate, constraints in points or []:
         user = {"config": config, "bench": figures, "gate": gate, "versions": versions, "threads": 2,
                 "build_s": 0.5, "constraints": constraints}
@@ -68,13 +69,13 @@ def tiny_recipe(tmp: Path, model: Path, **config_kw) -> Path:
 class Served:
     """A real server on a free loopback port, in a background thread."""
 
-    def __init__(self, recipe_path: Path, max_queue: int = 64) -> None:
+    def __init__(self, recipe_path: Path, max_queue: int = 64, draft: bool = False) -> None:
         import threading
 
         from autotune.recipes.recipe import load_recipe
         from autotune.serve import build_server
 
-        self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue)
+        self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue, draft=draft)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

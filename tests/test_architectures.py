@@ -23,14 +23,7 @@ from autotune.models.registry import spec_from_config
 NEW = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Matrices of 64: a second thread only waits on the first (measured 0.6 s against 3-15 s on a shared 2-core
-    # machine). transformers and the engine run under the same setting, so their results stay comparable.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompts(vocab: int, lengths=(5, 17, 33, 12)) -> list[list[int]]:

@@ -53,13 +53,15 @@ def test_the_disjointness_check_finds_a_shared_run():
 def tiny_plan_env(tiny_model_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
     # The first 128 of the 512 samples: the flow is the same, the tiny model's passes four times shorter.
-    monkeypatch.setattr(plan_module, "calibration_samples", lambda tok: calibration_samples(tok)[:128])
+    drawn: list[int] = []
+    monkeypatch.setattr(plan_module, "calibration_samples",
+                        lambda tok: drawn.append(1) or calibration_samples(tok)[:128])
     spec = resolve_model(str(tiny_model_folder))
-    return spec, load_tokenizer(spec), load_hf_model(spec, "float32")
+    return spec, load_tokenizer(spec), load_hf_model(spec, "float32"), drawn
 
 
 def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(tiny_plan_env, monkeypatch):
-    spec, tokenizer, hf = tiny_plan_env
+    spec, tokenizer, hf, drawn = tiny_plan_env
     assert quant_plan(hf, spec, tokenizer, DeployConfig(quant="w8a8")) is None  # rtn, no fallback: the plain scheme
     config = DeployConfig(quant="w8a8", quant_method="smoothquant_static", fallback_layers=2)
     assert needs_plan(config)
@@ -71,11 +73,18 @@ def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(ti
     assert plan.summary["kept_layers"] == list(plan.keep)
     assert plan.summary["sensitivity"]["ranking"][0][0] == plan.keep[0]
     assert plan.summary["calibration"]["samples"] == 512
+    assert len(drawn) == 1  # the calibration pass and the sensitivity read one set of samples, drawn once
     # The second trial reads the cache: no calibration pass, no sensitivity pass.
     monkeypatch.setattr(plan_module, "collect_statistics", lambda *a, **k: pytest.fail("calibrated twice"))
     monkeypatch.setattr(plan_module, "measure_sensitivity", lambda *a, **k: pytest.fail("measured twice"))
     again = quant_plan(hf, spec, tokenizer, config)
     assert again.keep == plan.keep
+    # Another process (a later trial, another worker) reads the same from disk.
+    monkeypatch.setattr(plan_module, "_LOADED", {})
+    monkeypatch.setattr(plan_module, "_SAMPLES", {})
+    from_disk = quant_plan(hf, spec, tokenizer, config)
+    assert from_disk.keep == plan.keep and len(drawn) == 1
+    assert all(torch.equal(from_disk.awq_scales[n], plan.awq_scales[n]) for n in plan.awq_scales)
     assert all(torch.equal(again.act_absmax[n], plan.act_absmax[n]) for n in plan.act_absmax)
     engine = build_engine(hf, config, plan=again)
     assert engine.quantization["converted"] == engine.quantization["decoder_linear_layers"] - 2

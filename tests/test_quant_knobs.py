@@ -16,7 +16,11 @@ from autotune.errors import SpaceError
 from autotune.recipes.recipe import build_recipe, load_recipe, write_recipe
 from autotune.recipes.warm_start import enqueue_recipes
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.loop import run_search
+from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.trial.job import Status
 from tests.recipe_factory import GATE, bench, make_study
+from tests.test_study import ScriptedBackend
 
 
 def test_defaults_keep_digest_label_and_gate_key_of_earlier_configurations():
@@ -152,3 +156,46 @@ def test_rtn_without_fallback_adds_no_quantization_section(tiny_model_folder, tm
     study, url = _study_with(tmp_path, tiny_model_folder, DeployConfig(quant="w8a16"),
                              {"decoder_linear_layers": 16, "converted": 16, "kept": []})
     assert "quantization" not in build_recipe(study, study.trials[0], url, [])
+
+
+class _CalibratedBackend(ScriptedBackend):
+    """The scripted trials, each reporting the quantize step as a calibrated trial does: its kept layers, chosen by
+    the sensitivity ranking of its scheme and method."""
+
+    def run(self, job, timeout_s):
+        result = super().run(job, timeout_s)
+        config = DeployConfig(**job.config)
+        if config.quant != "bf16" and result.status is not Status.ERROR:
+            ranking = [[f"layers.{i}.down_proj", 0.1 / (i + 1)] for i in range(8)]
+            result.quant = {"method": config.quant_method, "fallback_layers": config.fallback_layers,
+                            "calibration": {"samples": 512, "digest": "abc"},
+                            "kept_layers": [name for name, _ in ranking[:config.fallback_layers]],
+                            "sensitivity": {"scheme": config.quant, "method": config.quant_method,
+                                            "measure": "test", "ranking": ranking}}
+        return result
+
+
+def test_the_study_stores_each_sensitivity_once_and_each_trial_its_kept_layers(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "space.yaml"
+    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [bf16, w8a16, w8a8]\n  quant_method:\n"
+                    "    by: quant\n    values: {w8a8: [rtn, smoothquant_dynamic]}\n  fallback_layers:\n"
+                    "    values: [0, 2, 4]\n    when: {quant: [w8a16, w8a8]}\n  batch_size:\n    values: [1, 2, 4]\n")
+    space = load_space(path)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db",
+                                directions=[d for _, d in OBJECTIVES], sampler=make_sampler("random", 0))
+    study.set_user_attr("model_checksum", "sha256:x")
+    study.set_user_attr("eval_digest", "d")
+    settings = SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=16)
+    run_search(settings, space, _CalibratedBackend(), study, {"quant": "bf16", "batch_size": 1})
+    calibrated = [t for t in study.trials if t.user_attrs.get("quant")]
+    assert calibrated, "the random sampler drew quantized trials"
+    keys = {f"sensitivity:{t.user_attrs['quant']['sensitivity']['scheme']}:{t.user_attrs['quant']['method']}"
+            for t in calibrated}
+    attrs = study.user_attrs
+    assert keys <= set(attrs) and attrs["calibration"] == {"samples": 512, "digest": "abc"}
+    for key in keys:
+        assert attrs[key]["ranking"][0] == ["layers.0.down_proj", 0.1]
+    for t in calibrated:
+        depth = t.user_attrs["quant"]["fallback_layers"]
+        assert t.user_attrs["quant"]["kept_layers"] == [f"layers.{i}.down_proj" for i in range(depth)]

@@ -1,20 +1,26 @@
 """`autotune verify` on the tiny model, through the CPU backend's isolated jobs: a simulated recipe becomes a
-measured one, which then verifies; the same recipe with figures 10x better than it measured fails."""
+measured one, which then verifies; the same recipe with figures 10x better than it measured fails. A simulated
+recipe runs on its own backend where this machine has it, else on the CPU, said to be not comparable."""
 from __future__ import annotations
 
 import pytest
 import yaml
-from recipe_factory import bench, config, make_study
+from recipe_factory import GATE, bench, config, make_study
 
+import autotune.recipes.target
+import autotune.recipes.verify
+from autotune.backends.cpu import CpuBackend
 from autotune.backends.sim import GATE_NOT_MEASURED
 from autotune.cli import main
 from autotune.recipes.recipe import load_recipe, recipe_checksum
 from autotune.results.export import write_recipes
+from autotune.trial.job import JobKind, JobResult, Status
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory, tiny_model_folder):
-    """A simulated recipe of the tiny model, verified into a measured one (one verify run)."""
+    """A simulated recipe of the tiny model, verified into a measured one (one verify run). Simulated for this
+    machine's CPU (the cpu-local profile), where device_power is a thread count: it runs on the CPU, comparable."""
     import os
 
     tmp = tmp_path_factory.mktemp("verify")
@@ -25,7 +31,7 @@ def measured(tmp_path_factory, tiny_model_folder):
     # The gate's bar is the one a correct bf16 build of the peaked tiny model clears (tests/conftest.py: its
     # weights amplify bf16 rounding): tie-aware 0.921, raw 0.782 over the evaluation text; a wrong build ~0.03.
     gate = {**GATE_NOT_MEASURED, "min_agreement": 0.8}
-    study, url = make_study(tmp, tiny_model_folder, tmp, name="tiny-sim", measured=False,
+    study, url = make_study(tmp, tiny_model_folder, tmp, name="tiny-sim", measured=False, sim_hardware="cpu-local",
                             points=[(config(batch_size=2, page_size=16, device_power=1), bench(5000.0, 0.1, 10.0),
                                      gate, {})])
     sim = next(p for p in write_recipes(study, tmp / "recipes", url) if p.name == "best-throughput.yaml")
@@ -45,6 +51,7 @@ def test_simulated_recipe_is_verified_into_a_measured_one(measured, capsys):
     assert recipe.data["provenance"]["verified_from"] == str(sim)
     assert recipe.data["metrics"]["throughput_tok_s"] > 0 and recipe.data["gate"]["passed"]
     assert recipe.data["gate"]["raw_agreement"] > 0.7
+    assert recipe.data["configuration"]["device_power"] == 1 and recipe.data["threads"] == 1
 
 
 # Over 14 verifies of this recipe (two series of 7, one thread, 1 or 3 repeats, load average 9.5 on the 2 cores),
@@ -72,3 +79,49 @@ def test_fresh_recipe_verifies_and_a_regression_fails(measured, capsys):
     assert "OUT OF TOLERANCE" in shown
     for name in ("throughput_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "peak_memory_mb"):
         assert name in failed, name
+
+
+class _Recording(CpuBackend):
+    """The CPU backend with its jobs recorded and answered at once (figures made up: only where and how the job
+    runs is under test here, not what it measures)."""
+
+    def __init__(self, name: str, jobs: list) -> None:
+        self.name, self.jobs = name, jobs
+
+    def run(self, job, timeout_s):
+        self.jobs.append(job)
+        if job.kind is not JobKind.TRIAL:
+            return JobResult(Status.OK)
+        return JobResult(Status.OK, bench=bench(80.0, 30.0, 500.0), gate=GATE, versions={"torch": "x"}, threads=2,
+                         build_s=1.0)
+
+
+@pytest.mark.parametrize("cuda_here", [False, True])
+def test_simulated_recipe_runs_on_its_backend_when_here_else_says_not_comparable(
+        cuda_here, tmp_path, tiny_model_folder, monkeypatch, capsys):
+    # h100 is a CUDA profile whose device_power levels are clocks: level 8 must never become 8 CPU threads.
+    study, url = make_study(tmp_path, tiny_model_folder, tmp_path, name="tiny-h100", measured=False,
+                            sim_hardware="h100", points=[(config(batch_size=2, device_power=8),
+                                                          bench(5000.0, 0.1, 10.0), GATE_NOT_MEASURED, {})])
+    sim = next(p for p in write_recipes(study, tmp_path / "recipes", url) if p.name == "best-throughput.yaml")
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(autotune.recipes.target, "backend_missing",
+                        lambda name: None if name == "cpu" or cuda_here else f"no {name} on this machine")
+    asked, jobs = [], []
+    monkeypatch.setattr(autotune.recipes.verify, "get_backend",
+                        lambda name: asked.append(name) or _Recording(name, jobs))
+    assert main(["verify", str(sim), "--repeats", "1"]) == 0
+    shown = capsys.readouterr().out
+    trial = next(job for job in jobs if job.kind is JobKind.TRIAL)
+    assert trial.threads is None
+    measured = load_recipe(sim.with_name("best-throughput.measured.yaml"))
+    assert measured.data["configuration"]["device_power"] == 0
+    if cuda_here:
+        assert asked == ["cuda"] and measured.data["backend"] == "cuda"
+        assert "simulator error" in shown and "not comparable" not in shown.lower()
+        return
+    assert asked == ["cpu"] and measured.data["backend"] == "cpu"
+    assert "simulated for h100 (cuda)" in shown and "runs here on cpu (no cuda on this machine)" in shown
+    assert "NOT comparable" in shown and "simulator error" not in shown and "OUT OF TOLERANCE" not in shown
+    rows = [line for line in shown.splitlines() if line.startswith(("throughput_tok_s", "peak_memory_mb"))]
+    assert len(rows) == 2 and all(line.endswith("not comparable") for line in rows)

@@ -13,8 +13,9 @@ from collections import deque
 from pathlib import Path
 
 from autotune.backends.base import Backend
+from autotune.backends.memory_watch import MemoryWatch
 from autotune.space.search_space import SearchSpace
-from autotune.trial.child import Envelope
+from autotune.trial.child import Envelope, address_space_limited
 from autotune.trial.compiler_cache import compiler_cache_env
 from autotune.trial.job import Job, JobResult, Status
 
@@ -70,9 +71,13 @@ def run_isolated(job: Job, timeout_s: float, *, device: str = "cpu", memory_limi
         child_env.pop("AUTOTUNE_STORAGE_PASSWORD", None)  # a build never needs the study's secret
         proc = subprocess.Popen([sys.executable, "-m", entry, str(job_path), str(result_path)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env,
-                                start_new_session=True)  # the child sets its own memory limit
+                                start_new_session=True)  # its own group: limited by itself (CPU), watched (else)
         reader = threading.Thread(target=_forward, args=(proc.stdout, tail), daemon=True)
         reader.start()
+        # The child leads its process group: the watch counts its compile workers too.
+        watch = None
+        if memory_limit_mb and not address_space_limited(device):
+            watch = MemoryWatch(proc.pid, memory_limit_mb).start()
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -84,7 +89,13 @@ def run_isolated(job: Job, timeout_s: float, *, device: str = "cpu", memory_limi
             proc.kill()  # Ctrl-C or SIGTERM: the child goes with the trial
             proc.wait()
             raise
+        finally:
+            if watch is not None:
+                watch.stop()
         reader.join(timeout=5)
+        if watch is not None and watch.exceeded_mb is not None:
+            return JobResult.error(f"out of memory: the trial's processes held {watch.exceeded_mb:.0f} MB of host "
+                                   f"memory, past its limit of {memory_limit_mb:.0f} MB (killed)", list(tail))
         if proc.returncode != 0 or not result_path.is_file():
             return JobResult.error(_exit_reason(proc.returncode, tail, memory_limit_mb), list(tail))
         result = JobResult.from_dict(json.loads(result_path.read_text()))

@@ -1,13 +1,14 @@
 """The benchmark: warm-up, repeated runs of a workload, medians and spread of what a user feels."""
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak
+from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
 from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
 from autotune.progress import log
@@ -109,6 +110,8 @@ def _reset_peak(device) -> bool:
     if device is not None:
         device.reset_peak_memory()  # an accelerator allocator's statistics: always resettable
         return True
+    gc.collect()
+    trim_heap()  # memory already freed is not the runs' memory
     if reset_peak():
         return True
     log(f"  peak memory: {_PEAK_NOT_RESET}")

@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait beyond the batch; more get 503 (default 64)")
     s.add_argument("--force", action="store_true", help="accept a recipe that fails its checksum, schema or "
                                                         "weights checksum (served as unverified)")
+    s.add_argument("--draft", action="store_true", help="serve a simulated recipe (never measured): on its "
+                   "backend when this machine has it, else on the CPU; its figures do not apply")
     s.set_defaults(func=_serve)
 
 
@@ -57,4 +59,4 @@ def _export(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     return serve_forever(load_recipe(args.recipe, force=args.force), args.host, args.port, args.max_queue,
-                         args.force)
+                         args.force, args.draft)

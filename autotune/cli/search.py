@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="minutes of trials: no new trial once one more would likely end later (default 10, so "
                         "that the default search fits in 15 minutes on 2 cores; 0: no limit)")
     s.add_argument("--trial-memory-mb", type=positive(float), default=None,
-                   help="address-space limit of each trial's process, in MB (default: none)")
+                   help="memory limit of each trial, in MB: its process's address space on the CPU, its "
+                        "processes' resident host memory on cuda and npu (default: none)")
     s.add_argument("--isolate", action="store_true",
                    help="run each trial of an in-process backend (sim) in its own process (cpu always does)")
     s.add_argument("--workers", type=positive(int), default=1, help="local worker processes (default 1)")

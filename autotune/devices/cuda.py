@@ -10,16 +10,21 @@ from autotune.devices.base import CompileOptions, Device, Limit
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
 
-__all__ = ["CUDA_COMPILE", "CudaDevice", "cuda_unavailable"]
+__all__ = ["CUDA_COMPILE", "CudaDevice", "cuda_unavailable", "mark_pools_static"]
 
 # Fusion level -> torch.compile on CUDA. O1: inductor's default (Triton kernels, no CUDA graphs); O2:
 # "max-autotune", which benchmarks GEMM/Triton choices and replays each graph as a CUDA graph (the per-step launch
-# overhead that dominates batch-1 decode), with freezing so weights are constants of the graph. The mode is what
-# turns CUDA graphs on (inductor's `triton.cudagraphs`), so no separate setting says so.
+# overhead that dominates batch-1 decode). The mode is what turns CUDA graphs on (inductor's `triton.cudagraphs`).
+# A graph that writes into an input is replayed only when that input is static (cudagraph trees' rule; otherwise
+# "skipping cudagraphs due to mutated inputs"): every segment writes its step's K/V into the pools it is given, so
+# `compile` marks them static addresses before each call (as transformers' StaticCache marks its tensors).
+# No freezing: under it dynamo turns static-address inputs into graph constants captured at compile time, guarded
+# by identity, so every new pool (each runner's cache, each on_demand growth) would recompile the graph; without
+# it the weights are static inputs too (parameters), which is all CUDA graphs need of them.
 CUDA_COMPILE: dict[str, CompileOptions | None] = {
     "O0": None,
     "O1": CompileOptions("inductor", mode="default"),
-    "O2": CompileOptions("inductor", mode="max-autotune", freezing=True),
+    "O2": CompileOptions("inductor", mode="max-autotune"),
 }
 
 _INSTALL = "install a CUDA build of torch==2.13.0 (from the PyTorch wheel index for your CUDA version)"
@@ -37,6 +42,17 @@ def cuda_unavailable() -> str | None:
         return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but sees no GPU "
                 "(check the NVIDIA driver, nvidia-smi and CUDA_VISIBLE_DEVICES)")
     return None
+
+
+def mark_pools_static(args: tuple) -> None:
+    """Mark the KV pools of a segment call as static addresses (unguarded: a new pool re-records the CUDA graph,
+    it does not recompile), so that a CUDA graph may write into them."""
+    import torch._dynamo
+
+    from autotune.devices.segment_calls import kv_pools
+
+    for pool in kv_pools(args):
+        torch._dynamo.mark_static_address(pool)
 
 
 class CudaDevice(Device):
@@ -70,15 +86,17 @@ class CudaDevice(Device):
         import torch
         import torch._inductor.config
 
+        from autotune.devices.segment_calls import before_each_call
+
         torch._inductor.config.freezing = options.freezing
-        return torch.compile(fn, mode=options.mode)
+        return before_each_call(torch.compile(fn, mode=options.mode), mark_pools_static)
 
     def quantizer(self, scheme: str) -> Quantizer:
-        # torchao's int8 configs dispatch to CUDA kernels by the weight's device; int4 needs its CUDA layout.
-        from autotune.devices.cuda_quant import CudaW4A16
-        from autotune.engine.quant import QUANTIZERS
+        # torchao's int8 configs dispatch to CUDA kernels by the weight's device; int4 needs its CUDA layout and
+        # int8 activations their rows padded (autotune/devices/cuda_quant.py).
+        from autotune.devices.cuda_quant import CUDA_QUANTIZERS
 
-        return CudaW4A16() if scheme == "w4a16" else QUANTIZERS[scheme]()
+        return CUDA_QUANTIZERS[scheme]()
 
     def limits(self) -> list[Limit]:
         return [Limit("device_power", None, _POWER_REASON)]

@@ -1,5 +1,6 @@
-"""The CUDA device's own quantizer: torchao's int4 weight-only in the layout CUDA's int4 kernel reads. (The int8
-schemes need none: torchao's configs pick CUDA kernels by the weight's device.)"""
+"""The CUDA device's own quantizers: torchao's int4 weight-only in the layout CUDA's int4 kernel reads, with a group
+size per layer; torchao's int8 activations with their rows padded for cuBLAS's int8 GEMM (engine/int_mm.py).
+(w8a16 needs neither: torchao's config picks CUDA kernels by the weight's device.)"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,10 +8,11 @@ from collections.abc import Callable
 from torch import nn
 
 from autotune.engine.int4 import pick_group_size
-from autotune.engine.quant import TorchAOQuantizer
+from autotune.engine.int_mm import RowPadded
+from autotune.engine.quant import QUANTIZERS, W8A8, Quantizer, TorchAOQuantizer
 from autotune.errors import TrialFailure
 
-__all__ = ["CudaW4A16", "group_sizes"]
+__all__ = ["CudaW4A16", "CudaW8A8", "CUDA_QUANTIZERS", "group_sizes"]
 
 
 def group_sizes(targets: dict[str, nn.Module]) -> dict[int, set[str]]:
@@ -48,3 +50,21 @@ class CudaW4A16(TorchAOQuantizer):
                 quantize_(model, self.config(size), filter_fn=lambda m, fqn, names=names: fqn in names)
             except (RuntimeError, ImportError, NotImplementedError, ValueError) as exc:
                 raise TrialFailure(f"torchao int4 (group {size}) cannot be applied here: {exc}") from exc
+
+
+class CudaW8A8(W8A8):
+    """torchao's dynamic int8 activations and int8 weights, each converted linear wrapped in RowPadded: compiled,
+    its matmul is aten._int_mm, which cuBLAS runs only on more than 16 rows (a decode step of batch <= 16 has
+    fewer)."""
+
+    def apply(self, model: nn.Module, select: Callable[[nn.Module, str], bool]) -> None:
+        targets = [name for name, module in model.named_modules() if select(module, name)]
+        super().apply(model, select)
+        for name in targets:
+            parent, _, attr = name.rpartition(".")
+            owner = model.get_submodule(parent)
+            setattr(owner, attr, RowPadded(getattr(owner, attr)))
+
+
+# Scheme -> the quantizer CUDA builds it with (the others as on the CPU).
+CUDA_QUANTIZERS: dict[str, type[Quantizer]] = {**QUANTIZERS, "w8a8": CudaW8A8, "w4a16": CudaW4A16}

@@ -74,15 +74,16 @@ class NpuDevice(Device):
         options = self.compile_options(fusion_level)
         if options is None:
             return fn
-        import torch
         import torch_npu  # noqa: F401 - torchair must be imported after torch_npu
         import torchair
+
+        from autotune.devices.npu_graph import torchair_compile
 
         config = torchair.CompilerConfig()
         config.mode = options.mode
         config.ge_config.oo_level = options.settings["oo_level"]
         backend = torchair.get_npu_backend(compiler_config=config)
-        return torch.compile(fn, backend=backend, dynamic=options.settings["dynamic"])
+        return torchair_compile(fn, backend, options.settings["dynamic"])
 
     def quantizer(self, scheme: str) -> Quantizer:
         from autotune.devices.npu_quant import NPU_QUANTIZERS

@@ -18,11 +18,12 @@ __all__ = ["TorchairSettings", "torchair_settings", "NPU_QUANT_OPS", "npu_quant_
 @dataclass(frozen=True, slots=True)
 class TorchairSettings:
     """The CompilerConfig fields one fusion level sets: `config.mode = mode`, `config.ge_config.oo_level =
-    oo_level`; `dynamic` is torch.compile's (GE compiles one static graph per shape unless told otherwise)."""
+    oo_level`; `dynamic` is torch.compile's. True: prefill is one dynamic GE graph and decode static graphs, its
+    inputs marked static before each call (autotune/devices/npu_graph.py says why dynamic=False cannot give that)."""
 
     mode: str
     oo_level: str
-    dynamic: bool = False
+    dynamic: bool = True
 
 
 # O0: eager (single operators, no torchair). O1: GE graph with only basic optimisation, the safe fused level.

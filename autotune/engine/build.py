@@ -9,7 +9,8 @@ from torch import nn
 from autotune.config.deploy import DeployConfig
 from autotune.engine.calibrated import QuantPlan, quantize_layers
 from autotune.engine.model import EngineModel
-from autotune.engine.runner import Runner
+from autotune.engine.runner import Runner, batch_buckets
+from autotune.engine.spill import SpilledParameters, spill_parameters
 
 __all__ = ["Engine", "build_engine", "COMPILE_MODES"]
 
@@ -23,30 +24,52 @@ class Engine:
     """A built model plus how to serve it: `runner()` gives a continuous-batching runner with a fresh cache."""
 
     def __init__(self, model: EngineModel, config: DeployConfig, build_seconds: float,
-                 quantization: dict | None = None) -> None:
+                 quantization: dict | None = None, spilled: SpilledParameters | None = None) -> None:
         self.model, self.config, self.build_seconds = model, config, build_seconds
         # What the quantize step did: decoder linear layers, how many were converted, which were kept.
         self.quantization = quantization or {}
+        # O2 on the CPU: the eager weights, out of memory once frozen into the graphs (engine/spill.py).
+        self.spilled = spilled
 
     @property
     def compiled(self) -> bool:
         return COMPILE_MODES[self.config.fusion_level] is not None
 
-    def runner(self, max_seq_len: int, pool_tokens: int | None = None, max_batch: int | None = None) -> Runner:
+    def enter_thread(self) -> None:
+        """Call first in a thread other than the builder's that runs this engine (the serving loop): dynamo's and
+        inductor's settings are per thread, and without them a graph compiled there was not frozen, and beyond
+        dynamo's default of 8 graphs a segment ran eager (served decode steps measured 2.5x the offline ones)."""
+        if self.compiled:
+            # An accelerator's Device passes its own compile options; only the CPU path sets inductor's freezing.
+            on_cpu = self.model.cos_table.device.type == "cpu"
+            _compile_settings(self.model, self.config, COMPILE_MODES[self.config.fusion_level] if on_cpu else None)
+
+    def runner(self, max_seq_len: int, pool_tokens: int | None = None, max_batch: int | None = None,
+               prefill_chunk: int | None = None, bucketed: bool = False) -> Runner:
+        """`prefill_chunk`: prompt tokens one step may prefill (serving bounds it; None: all admitted at once);
+        `bucketed`: decode graphs at batch buckets (serving) rather than only the full batch (Runner)."""
         batch = max_batch or self.config.batch_size
         cache = self.model.new_cache(page_size=self.config.page_size, policy=self.config.kv_policy,
                                      max_seq_len=max_seq_len, max_batch=batch, pool_tokens=pool_tokens)
-        # Compiled graphs want one shape per step: pad the batch rather than recompile as rows come and go.
-        return Runner(self.model, cache, batch, pad_batch=self.compiled)
+        # Compiled graphs want few shapes: pad the batch to a bucket rather than recompile as rows come and go.
+        return Runner(self.model, cache, batch, pad_batch=self.compiled, prefill_chunk=prefill_chunk,
+                      bucketed=bucketed)
 
 
-def _compile_segments(model: EngineModel, mode: str) -> None:
+def _compile_settings(model: EngineModel, config: DeployConfig, cpu_mode: str | None) -> None:
+    """dynamo's and inductor's settings for this engine, in the calling thread: they are per thread."""
     import torch._dynamo
     import torch._inductor.config
 
-    torch._inductor.config.freezing = mode == "freezing"
-    # Prefill and decode, a few shapes, and (frozen) one graph per segment.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(model.segments) + 8)
+    if cpu_mode is not None:
+        torch._inductor.config.freezing = cpu_mode == "freezing"
+    # Per segment: a decode graph per batch bucket, a few prefill shapes (and, frozen, one graph per segment).
+    graphs = (len(batch_buckets(config.batch_size)) + 6) * len(model.segments) + 8
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, graphs)
+
+
+def _compile_segments(model: EngineModel, config: DeployConfig, mode: str) -> None:
+    _compile_settings(model, config, mode)
     for segment in model.segments:
         segment.prefill = torch.compile(segment.prefill)
         segment.decode = torch.compile(segment.decode)
@@ -61,10 +84,7 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dty
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, device.quantizer(config.quant),
                                config.fallback_layers)
     if device.compile_options(config.fusion_level) is not None:
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                    4 * len(model.segments) + 8)
+        _compile_settings(model, config, None)
         for segment in model.segments:
             segment.prefill = device.compile(segment.prefill, config.fusion_level)
             segment.decode = device.compile(segment.decode, config.fusion_level)
@@ -87,5 +107,7 @@ def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype =
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, fallback_layers=config.fallback_layers)
     mode = COMPILE_MODES[config.fusion_level]
     if mode is not None:
-        _compile_segments(model, mode)
-    return Engine(model, config, time.perf_counter() - started, coverage)
+        _compile_segments(model, config, mode)
+    # Frozen graphs carry their own copies of the weights; the eager ones are read again only to compile.
+    spilled = spill_parameters(model) if mode == "freezing" else None
+    return Engine(model, config, time.perf_counter() - started, coverage, spilled)

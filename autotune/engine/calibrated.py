@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from autotune.engine.int_mm import pad_rows
 from autotune.engine.quant import QUANTIZERS, Quantizer, check_coverage, decoder_linear, decoder_linear_names
 from autotune.errors import TrialFailure
 
@@ -85,7 +86,10 @@ class StaticInt8Linear(nn.Module):
         self.out_features = linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, x.shape[-1])
+        # On CUDA its int8 matmul takes more than 16 rows only (engine/int_mm.py); the padding is cut off again.
+        out = self.inner(pad_rows(rows) if rows.is_cuda else rows)[: rows.shape[0]]
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 def smoothing_factor(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float = SMOOTHQUANT_ALPHA) -> torch.Tensor:

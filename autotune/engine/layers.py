@@ -76,7 +76,9 @@ class StepInputs:
     """What one forward step needs besides the hidden states; built once per step, shared by all layers.
 
     prefill: several right-padded prompts, `slots` [seqs, seq_len] where their K/V go (pads: the scratch
-    page); attention is causal over the step's own tokens.
+    page); attention is causal over the step's own tokens. A prefill with a `block_table` [seqs, pages] is a
+    chunk of prompts that continue in the cache: it attends to those pages under `context_mask`
+    [seqs, 1, chunk, pages * page_size] (True where a key's position is at most the query's).
     decode: one token per row, `slots` [batch], `block_table` [batch, pages_per_seq], `context_mask`
     [1, batch, 1, pages_per_seq * page_size] (True where a slot holds a token of that row).
     Only for models that need them: `window_mask` (prefill [seq_len, seq_len], causal and within the sliding
@@ -158,7 +160,8 @@ class DecoderLayer(nn.Module):
     def _dense_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          mask: torch.Tensor) -> torch.Tensor:
         """Prefill attention written out (soft-capping has no SDPA form), as transformers' eager attention.
-        q: [seqs, heads, seq_len, head_dim]; k, v: [seqs, kv_heads, seq_len, head_dim]; mask: [seq_len, seq_len]."""
+        q: [seqs, heads, seq_len, head_dim]; k, v: [seqs, kv_heads, keys, head_dim]; mask: [seq_len, keys], or
+        [seqs, 1, seq_len, keys] for a prompt chunk over its cached pages."""
         groups = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = torch.matmul(q, k.transpose(2, 3)) * self.scale
@@ -167,6 +170,25 @@ class DecoderLayer(nn.Module):
         scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(probs, v)
+
+    def _chunk_attention(self, q: torch.Tensor, step: StepInputs, k_pool: torch.Tensor,
+                         v_pool: torch.Tensor) -> torch.Tensor:
+        """A prompt chunk over its sequences' cached pages (its own K/V written there already).
+        q: [seqs, chunk, heads, head_dim] -> [seqs, heads, chunk, head_dim]."""
+        assert step.block_table is not None and step.context_mask is not None
+        seqs, pages = step.block_table.shape
+        context = pages * k_pool.shape[2]
+        # keys, values: [kv_heads, seqs, context, head_dim] gathered, then [seqs, kv_heads, context, head_dim]
+        pages_flat = step.block_table.flatten()
+        keys = k_pool.index_select(1, pages_flat).view(self.num_kv_heads, seqs, context, self.head_dim)
+        values = v_pool.index_select(1, pages_flat).view(self.num_kv_heads, seqs, context, self.head_dim)
+        keys, values = keys.transpose(0, 1), values.transpose(0, 1)
+        mask = step.window_mask if self.windowed else step.context_mask
+        assert mask is not None
+        if self.softcap is not None:
+            return self._dense_attention(q.transpose(1, 2), keys, values, mask)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True,
+                                              scale=self.options.scale)
 
     def forward(self, x: torch.Tensor, step: StepInputs, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         # x: prefill [seqs, seq_len, hidden] (right-padded); decode [batch, hidden] (one token per row)
@@ -193,7 +215,9 @@ class DecoderLayer(nn.Module):
         page, offset = step.slots // page_size, step.slots % page_size
         k_pool[:, page, offset] = k.movedim(-2, 0)
         v_pool[:, page, offset] = v.movedim(-2, 0)
-        if step.prefill:
+        if step.prefill and step.block_table is not None:
+            out = self._chunk_attention(q, step, k_pool, v_pool).transpose(1, 2).reshape(*lead, q_size)
+        elif step.prefill:
             # [seqs, heads, seq_len, head_dim]: prompts attend to themselves, causally; nothing older exists.
             # Right padding keeps this exact: a real token never sees the pads after it.
             if self.softcap is not None:

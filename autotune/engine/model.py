@@ -61,7 +61,7 @@ class Segment(nn.Module):
         return x
 
     # Prefill and decode enter through their own functions so that, compiled, each has its own graphs and
-    # shape history: prefill shapes vary with the prompts, decode shapes never do (the batch is padded).
+    # shape history: prefill shapes vary with the prompts, decode shapes only by batch bucket (rows are padded).
     def prefill(self, x: torch.Tensor, step: StepInputs, k_pools: list[torch.Tensor],
                 v_pools: list[torch.Tensor]) -> torch.Tensor:
         return self.forward(x, step, k_pools, v_pools)
@@ -259,6 +259,34 @@ class EngineModel(nn.Module):
         return self._head(x.reshape(seqs * length, hidden)).reshape(seqs, length, -1).cpu()
 
     @torch.inference_mode()
+    def prefill_chunk(self, token_ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor,
+                      block_table: torch.Tensor) -> torch.Tensor:
+        """Prompt chunks that continue what the cache holds: token_ids, slots [seqs, chunk] (no padding), starts
+        [seqs] (each chunk's first position), block_table [seqs, pages] (the pages up to each chunk's end). Each
+        token attends to its sequence's earlier positions and causally within the chunk; returns the logits of each
+        chunk's last position [seqs, vocab]."""
+        device = self.cos_table.device  # host-built inputs move to the weights (no-op on the CPU)
+        token_ids, starts, slots, block_table = (t.to(device) for t in (token_ids, starts, slots, block_table))
+        positions = starts[:, None] + torch.arange(token_ids.shape[1], device=device)
+        cos, sin = self._rope(positions)
+        context = block_table.shape[1] * self._cache.page_size
+        # Slot c of a row's gathered pages holds position c: a query at position p sees c <= p.
+        key_pos = torch.arange(context, device=device)
+        mask = (key_pos <= positions[:, :, None]).unsqueeze(1)  # [seqs, 1, chunk, context]
+        extras: dict[str, torch.Tensor] = {}
+        if self.local_cos_table is not None and self.local_sin_table is not None:
+            extras["local_cos"] = self.local_cos_table[positions].unsqueeze(-2)
+            extras["local_sin"] = self.local_sin_table[positions].unsqueeze(-2)
+        if self.sliding_window is not None:
+            extras["window_mask"] = mask & (positions[:, :, None] - key_pos < self.sliding_window).unsqueeze(1)
+        x = self._embed(token_ids)
+        for t in (x, cos, sin, slots, block_table):
+            torch._dynamo.maybe_mark_dynamic(t, 1)  # chunk length, pages: one graph for all of them
+        step = StepInputs(prefill=True, cos=cos, sin=sin, slots=slots, block_table=block_table, context_mask=mask,
+                          **extras)
+        return self._head(self._layers(x, step, self._cache)[:, -1])
+
+    @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                block_table: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
         """One token per row: token_ids, positions, slots [batch]; returns logits [batch, vocab]."""
@@ -266,9 +294,15 @@ class EngineModel(nn.Module):
         token_ids, positions, slots, block_table, context_mask = (
             t.to(device) for t in (token_ids, positions, slots, block_table, context_mask))
         cos, sin = self._rope(positions)
+        x = self._embed(token_ids)
+        # One graph per batch bucket (the runner pads rows to a few sizes), each with static shapes, rather than
+        # the one dynamic graph that dynamo would switch to on the second size.
+        for t in (x, cos, sin, slots, block_table):
+            torch._dynamo.mark_static(t, 0)
+        torch._dynamo.mark_static(context_mask, 1)
         step = StepInputs(prefill=False, cos=cos, sin=sin, slots=slots, block_table=block_table,
                           context_mask=context_mask, **self._step_extras(positions, False, context_mask))
-        return self._head(self._layers(self._embed(token_ids), step, self._cache))
+        return self._head(self._layers(x, step, self._cache))
 
     def attach(self, cache: PagedKVCache) -> None:
         self._cache = cache

@@ -1,4 +1,5 @@
-"""Continuous batching: admit requests up to the batch size, prefill them together, decode all running rows together."""
+"""Continuous batching: admit requests up to the batch size, prefill them (together, or a long prompt a chunk at a
+time), decode all running rows together."""
 from __future__ import annotations
 
 import time
@@ -10,7 +11,7 @@ import torch
 from autotune.engine.kv_cache import OutOfPages, PagedKVCache
 from autotune.engine.model import EngineModel
 
-__all__ = ["Request", "Completion", "Runner", "Sampling"]
+__all__ = ["Request", "Completion", "Runner", "Sampling", "batch_buckets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,47 +94,111 @@ def _next_tokens(logits: torch.Tensor, rows: list[_Running]) -> list[int]:
     return out
 
 
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Row counts a padded decode step runs at: the powers of two below `max_batch`, then `max_batch`. A compiled
+    engine keeps one graph per bucket, so that one running request pays for one row, not for `max_batch`."""
+    sizes, n = [], 1
+    while n < max_batch:
+        sizes.append(n)
+        n *= 2
+    return (*sizes, max_batch)
+
+
 class Runner:
     """Runs requests through an EngineModel with a paged cache, `max_batch` sequences at a time.
 
-    `pad_batch` keeps every decode step at `max_batch` rows (static shapes for compiled graphs); padded rows
-    write to the cache's scratch page and are ignored."""
+    `pad_batch` pads every decode step to the smallest of `batch_buckets(max_batch)` that holds its rows (static
+    shapes for compiled graphs, a few of them); padded rows write to the cache's scratch page and are ignored.
+    `bucketed` False: one bucket, `max_batch`.
+    `prefill_chunk` bounds the prompt tokens one step prefills (padding counted), so that new prompts delay the
+    running decodes by one bounded forward a step: fresh prompts that fit are prefilled together, a longer one a
+    chunk per step, attending to its earlier chunks in the cache. None: every admitted prompt at once."""
 
-    def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False) -> None:
+    def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False,
+                 prefill_chunk: int | None = None, bucketed: bool = False) -> None:
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be a positive number of tokens, not {prefill_chunk}")
         self.model, self.cache, self.max_batch, self.pad_batch = model, cache, max_batch, pad_batch
+        self.prefill_chunk = prefill_chunk
+        # Offline (benchmark, gate) one bucket: the batch stays full but for its tail, and every extra graph is
+        # compile time inside a trial (and under O2 a frozen copy of the weights); serving, where few requests
+        # often run, pays that once at start-up.
+        self.buckets = batch_buckets(max_batch) if bucketed else (max_batch,)
         model.attach(cache)
         self._next_id = 0
-        # State of the step-wise API (submit/step), used by serving; run() keeps its own queue.
         self._waiting: deque[Completion] = deque()
-        self._running: list[_Running] = []
+        self._prefilling: list[_Running] = []  # admitted, pages held, prompt not all in the cache yet
+        self._running: list[_Running] = []  # decoding
 
-    def _admit(self, completions: list[Completion]) -> list[_Running]:
-        """Prefill several prompts in one forward: [seqs, longest prompt], right-padded."""
+    # -- prefill --------------------------------------------------------------------------------------------------
+    def _start(self, completion: Completion) -> _Running:
+        """A batch row for an admitted request: its pages (the whole prompt's) and, when sampling, its generator."""
+        req = completion.request
+        seq_id, self._next_id = self._next_id, self._next_id + 1
+        n = len(req.prompt_ids)
+        self.cache.allocate(seq_id, n, n + req.max_new_tokens)
+        gen = None
+        if req.sampling.temperature > 0:
+            # On the logits' device: multinomial draws there (CPU, CUDA or NPU).
+            gen = torch.Generator(device=self.model.lm_head.weight.device)
+            gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
+        return _Running(seq_id, completion, 0, gen)
+
+    def _prefill_whole(self, rows: list[_Running]) -> None:
+        """Whole prompts from position 0 in one forward: [rows, longest prompt], right-padded."""
         cache = self.cache
-        width = max(len(c.request.prompt_ids) for c in completions)
-        ids = torch.zeros(len(completions), width, dtype=torch.long)
-        slots = torch.zeros(len(completions), width, dtype=torch.long)  # pads write to the scratch page
-        lengths = torch.empty(len(completions), dtype=torch.long)
-        admitted = []
-        for i, completion in enumerate(completions):
-            req = completion.request
-            seq_id, self._next_id = self._next_id, self._next_id + 1
-            n = len(req.prompt_ids)
-            cache.allocate(seq_id, n, n + req.max_new_tokens)
-            ids[i, :n] = torch.tensor(req.prompt_ids)
-            slots[i, :n] = cache.slots(seq_id, 0, n)
-            lengths[i] = n
-            gen = None
-            if req.sampling.temperature > 0:
-                # On the logits' device: multinomial draws there (CPU, CUDA or NPU).
-                gen = torch.Generator(device=self.model.lm_head.weight.device)
-                gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
-            admitted.append(_Running(seq_id, completion, n, gen))
+        width = max(len(r.completion.request.prompt_ids) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        slots = torch.zeros(len(rows), width, dtype=torch.long)  # pads write to the scratch page
+        lengths = torch.empty(len(rows), dtype=torch.long)
+        for i, r in enumerate(rows):
+            prompt = r.completion.request.prompt_ids
+            n = len(prompt)
+            ids[i, :n] = torch.tensor(prompt)
+            slots[i, :n] = cache.slots(r.seq_id, 0, n)
+            lengths[i] = r.length = n
         logits = self.model.prefill(ids, slots, lengths)
-        for running, token in zip(admitted, _next_tokens(logits, admitted)):
-            self._append(running, token)
-        return admitted
+        for r, token in zip(rows, _next_tokens(logits, rows)):
+            self._append(r, token)
 
+    def _prefill_part(self, row: _Running, end: int) -> bool:
+        """Prompt positions [row.length, end) of one sequence, attending to what the cache holds before them.
+        True when that was the prompt's last chunk (its first token is sampled)."""
+        cache, prompt = self.cache, row.completion.request.prompt_ids
+        start = row.length
+        pages = -(-end // cache.page_size)
+        ids = torch.tensor([prompt[start:end]])
+        slots = cache.slots(row.seq_id, start, end)[None]
+        table = torch.tensor([cache.block_row(row.seq_id)[:pages]])
+        logits = self.model.prefill_chunk(ids, torch.tensor([start]), slots, table)
+        row.length = end
+        if end < len(prompt):
+            return False
+        self._append(row, _next_tokens(logits, [row])[0])
+        return True
+
+    def _prefill(self) -> None:
+        """One prefill forward: the fresh prompts at the head of the queue that fit the chunk together, else the
+        next chunk of the head's prompt. Rows whose prompt is all in the cache move on to decoding."""
+        budget, head = self.prefill_chunk, self._prefilling[0]
+        if head.length == 0 and (budget is None or len(head.completion.request.prompt_ids) <= budget):
+            group, width = [], 0
+            for r in self._prefilling:
+                n = len(r.completion.request.prompt_ids)
+                if r.length or (budget is not None and (len(group) + 1) * max(width, n) > budget):
+                    break
+                group.append(r)
+                width = max(width, n)
+            self._prefill_whole(group)
+            done = group
+        else:
+            assert budget is not None
+            end = min(len(head.completion.request.prompt_ids), head.length + budget)
+            done = [head] if self._prefill_part(head, end) else []
+        self._prefilling = self._prefilling[len(done):]
+        self._running.extend(done)
+
+    # -- decode ---------------------------------------------------------------------------------------------------
     def _append(self, running: _Running, token: int) -> None:
         c = running.completion
         c.output_ids.append(token)
@@ -147,7 +212,7 @@ class Runner:
 
     def _decode_step(self, rows: list[_Running]) -> None:
         cache = self.cache
-        batch = self.max_batch if self.pad_batch else len(rows)
+        batch = next(b for b in self.buckets if b >= len(rows)) if self.pad_batch else len(rows)
         tokens = torch.zeros(batch, dtype=torch.long)
         positions = torch.zeros(batch, dtype=torch.long)
         slots = torch.zeros(batch, dtype=torch.long)
@@ -168,31 +233,32 @@ class Runner:
             r.length += 1
             self._append(r, token)
 
+    # -- driving --------------------------------------------------------------------------------------------------
     def run(self, requests: list[Request]) -> list[Completion]:
-        """All requests arrive now; returns their completions in request order."""
+        """All requests arrive now; returns their completions in request order. Drives the step-wise API, so
+        that offline runs and serving batch alike; call it on an idle runner."""
         now = time.perf_counter()
-        completions = [Completion(r, arrival=now) for r in requests]
-        waiting = deque(completions)
-        running: list[_Running] = []
-        while waiting or running:
-            for r in running:
-                if r.completion.finish_reason:
-                    self.cache.free(r.seq_id)
-            running = [r for r in running if not r.completion.finish_reason]
-            batch = self._admissible(waiting, len(running))
-            if batch:
-                running.extend(self._admit(batch))
-            running_now = [r for r in running if not r.completion.finish_reason]
-            if running_now:
-                self._decode_step(running_now)
+        completions = [self.submit(r, arrival=now) for r in requests]
+        while self._waiting or self._prefilling or self._running:
+            self.step()
         return completions
 
-    def _admissible(self, queue: deque[Completion], running: int) -> list[Completion]:
+    def warm_up(self, prompt_tokens: int = 16) -> None:
+        """Run each decode bucket once, after a prefill of as many prompts (token ids of no meaning), so that a
+        compiled engine compiles those graphs here rather than on a user's request. Prompts longer than
+        `prefill_chunk` take a path of their own, compiled when the first one comes."""
+        room = self.cache.max_seq_len - 2  # each warm-up request writes its prompt and two tokens
+        for rows in self.buckets if self.pad_batch else (self.max_batch,):
+            # Prompt lengths differ from one bucket to the next: prefill meets both of its dynamic dimensions.
+            length = max(1, min(prompt_tokens + rows, room))
+            self.run([Request([1] * length, 2, min_new_tokens=2) for _ in range(rows)])
+
+    def _admissible(self, queue: deque[Completion], rows: int) -> list[Completion]:
         """Take from the queue what fits now: free batch rows and (pool policy) the pages each request reserves,
         counting what the earlier ones of this batch take."""
         batch: list[Completion] = []
         pages = 0
-        while queue and running + len(batch) < self.max_batch:
+        while queue and rows + len(batch) < self.max_batch:
             req = queue[0].request
             need = self.cache.pages_to_admit(len(req.prompt_ids) + req.max_new_tokens)
             if pages + need > self.cache.free_pages:
@@ -217,27 +283,30 @@ class Runner:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self._prefilling) + len(self._running)
 
     def step(self) -> list[Completion]:
-        """Admit waiting requests up to `max_batch` (prefill), then one decode step of every running sequence.
-        Returns the completions that finished (or were cancelled) during this step; their pages are freed."""
-        finished = [r.completion for r in self._running if r.completion.finish_reason]
-        self._release()
-        batch: list[Completion] = []
-        for completion in self._admissible(self._waiting, len(self._running)):
-            (finished if completion.finish_reason else batch).append(completion)
-        if batch:
-            self._running.extend(self._admit(batch))
+        """Admit waiting requests up to `max_batch`, one prefill forward (all admitted prompts, or what
+        `prefill_chunk` allows), then one decode step of every running sequence. Returns the completions that
+        finished (or were cancelled) during this step; their pages are freed."""
+        finished = self._release()
+        for completion in self._admissible(self._waiting, len(self._prefilling) + len(self._running)):
+            if completion.finish_reason:
+                finished.append(completion)
+            else:
+                self._prefilling.append(self._start(completion))
+        if self._prefilling:
+            self._prefill()
         rows = [r for r in self._running if not r.completion.finish_reason]
         if rows:
             self._decode_step(rows)
-        finished += [r.completion for r in self._running if r.completion.finish_reason]
-        self._release()
-        return finished
+        return finished + self._release()
 
-    def _release(self) -> None:
-        for r in self._running:
-            if r.completion.finish_reason:
-                self.cache.free(r.seq_id)
+    def _release(self) -> list[Completion]:
+        """Free the pages of finished or cancelled sequences; returns their completions."""
+        done = [r for r in (*self._prefilling, *self._running) if r.completion.finish_reason]
+        for r in done:
+            self.cache.free(r.seq_id)
+        self._prefilling = [r for r in self._prefilling if not r.completion.finish_reason]
         self._running = [r for r in self._running if not r.completion.finish_reason]
+        return [r.completion for r in done]

@@ -23,12 +23,16 @@ from autotune.progress import log
 from autotune.quant.awq import search_scale
 from autotune.quant.calib_set import calib_set_digest, calibration_samples, provenance
 from autotune.quant.sensitivity import MEASURE, SENSITIVITY_SAMPLES, measure_sensitivity
-from autotune.quant.stats import collect_statistics, fused_weight
+from autotune.quant.stats import collect_statistics, fused_weight, layer_parts
 
 __all__ = ["CALIBRATION_VERSION", "calibration", "calibration_dir", "needs_plan", "quant_plan", "sensitivity"]
 
 # Bump when what is cached changes (statistics, the AWQ search, the sensitivity measure).
 CALIBRATION_VERSION = "1"
+# Per process, by calibration folder (model and calibration set): the samples and the calibration, read once. A
+# trial builds one configuration, but quant-report and a server build many of one model.
+_SAMPLES: dict[Path, list[list[int]]] = {}
+_LOADED: dict[Path, dict] = {}
 
 
 def needs_plan(config: DeployConfig) -> bool:
@@ -56,25 +60,37 @@ def _save(path: Path, write) -> None:
     tmp.replace(path)  # atomic: concurrent workers never read half a file
 
 
+def _samples(spec: ModelSpec, tokenizer) -> list[list[int]]:
+    folder = calibration_dir(spec)
+    if folder not in _SAMPLES:
+        _SAMPLES[folder] = calibration_samples(tokenizer)
+    return _SAMPLES[folder]
+
+
 def calibration(hf_model: nn.Module, spec: ModelSpec, tokenizer) -> dict:
     """{"act_absmax", "mean_abs", "awq_scales": name -> [in], "awq": name -> search figures, "seconds"}: loaded
     from the cache, or measured (one pass of the fp32 model over the 512 samples, then AWQ's search per layer)."""
     path = calibration_dir(spec) / "calibration.pt"
+    if path in _LOADED and path.is_file():
+        return _LOADED[path]
     if path.is_file():
-        return torch.load(path)
+        _LOADED[path] = torch.load(path)
+        return _LOADED[path]
     started = time.perf_counter()
-    samples = calibration_samples(tokenizer)
+    samples = _samples(spec, tokenizer)
     log(f"  calibration: {len(samples)} samples x {len(samples[0])} tokens through the fp32 model (once per model)")
     stats = collect_statistics(hf_model, samples)
+    parts = layer_parts(hf_model)
     awq_scales, awq = {}, {}
     for name, layer in stats.items():
         assert layer.gram is not None, "collected with the Gram matrices"
-        awq_scales[name], awq[name] = search_scale(fused_weight(hf_model, name), layer.mean_abs, layer.gram)
+        awq_scales[name], awq[name] = search_scale(fused_weight(hf_model, name, parts), layer.mean_abs, layer.gram)
         layer.gram = None
     out = {"act_absmax": {n: s.absmax for n, s in stats.items()}, "mean_abs": {n: s.mean_abs for n, s in stats.items()},
            "awq_scales": awq_scales, "awq": awq, "positions": sum(map(len, samples)),
            "seconds": time.perf_counter() - started, "provenance": provenance()}
     _save(path, lambda tmp: torch.save(out, tmp))
+    _LOADED[path] = out
     del stats
     _return_freed_memory()
     log(f"  calibration: done in {out['seconds']:.0f} s, cached")
@@ -102,7 +118,7 @@ def sensitivity(hf_model: nn.Module, spec: ModelSpec, tokenizer, scheme: str, me
     except (OSError, ValueError, KeyError):
         pass
     started = time.perf_counter()
-    samples = calibration_samples(tokenizer)
+    samples = _samples(spec, tokenizer)
     subset = samples[::max(len(samples) // SENSITIVITY_SAMPLES, 1)][:SENSITIVITY_SAMPLES]
     log(f"  sensitivity of each decoder linear layer to {scheme}/{method}: {len(subset)} calibration samples "
         "(once per model, scheme and method)")

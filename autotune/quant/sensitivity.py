@@ -18,7 +18,7 @@ from torch import nn
 
 from autotune.engine.calibrated import METHODS, QuantPlan
 from autotune.engine.quant import QUANTIZERS
-from autotune.quant.stats import HF_INPUTS, fused_weight
+from autotune.quant.stats import fused_weight, layer_parts
 
 __all__ = ["MEASURE", "SENSITIVITY_SAMPLES", "measure_sensitivity"]
 
@@ -26,14 +26,11 @@ __all__ = ["MEASURE", "SENSITIVITY_SAMPLES", "measure_sensitivity"]
 SENSITIVITY_SAMPLES = 32
 MEASURE = ("expected KL(reference || model with this layer quantized), to second order: 1/2 (g . dy)^2 per "
            "position, g the gradient of log p(label ~ reference) with respect to the layer's output")
-# The transformers modules whose outputs make up each engine layer's output, in the engine's order.
-_PARTS = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o_proj": ("self_attn.o_proj",),
-          "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"), "down_proj": ("mlp.down_proj",)}
 
 
 def _quantized_layer(hf_model: nn.Module, name: str, scheme: str, method: str, plan: QuantPlan,
-                     dtype: torch.dtype) -> tuple[torch.Tensor, nn.Module]:
-    weight = fused_weight(hf_model, name)
+                     dtype: torch.dtype, parts: dict[str, tuple[str, ...]]) -> tuple[torch.Tensor, nn.Module]:
+    weight = fused_weight(hf_model, name, parts)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
     with torch.no_grad():
         linear.weight.copy_(weight)
@@ -64,10 +61,11 @@ def measure_sensitivity(hf_model: nn.Module, samples: list[list[int]], scheme: s
                         dtype: torch.dtype = torch.bfloat16, batch_size: int = 8, seed: int = 0) -> dict[str, float]:
     """Layer name -> estimated KL (nats per position) of the reference from the model with only that layer
     quantized by `scheme` and `method` (the plan gives the method's calibration statistics), over `samples` run
-    through hf_model (transformers' LLaMA, fp32). Larger is more sensitive."""
+    through hf_model (a transformers *ForCausalLM of a supported architecture, fp32). Larger is more sensitive."""
+    parts = layer_parts(hf_model)  # which transformers modules make up each engine layer (fused or not)
     quantized = {f"layers.{index}.{proj}": _quantized_layer(hf_model, f"layers.{index}.{proj}", scheme, method, plan,
-                                                             dtype)
-                 for index in range(len(hf_model.model.layers)) for proj in HF_INPUTS}
+                                                             dtype, parts)
+                 for index in range(len(hf_model.model.layers)) for proj in parts}
     totals = dict.fromkeys(quantized, 0.0)
 
     def arrived(layer: _Layer, part: int, grad: torch.Tensor) -> None:
@@ -93,9 +91,9 @@ def measure_sensitivity(hf_model: nn.Module, samples: list[list[int]], scheme: s
             ids = torch.tensor(samples[i:i + batch_size])
             handles = []
             for index, decoder in enumerate(hf_model.model.layers):
-                for proj in HF_INPUTS:
-                    layer = _Layer(f"layers.{index}.{proj}", len(_PARTS[proj]))
-                    for part, path in enumerate(_PARTS[proj]):
+                for proj, paths in parts.items():
+                    layer = _Layer(f"layers.{index}.{proj}", len(paths))
+                    for part, path in enumerate(paths):
                         handles.append(decoder.get_submodule(path).register_forward_hook(watch(layer, part)))
             try:
                 embeds = hf_model.model.embed_tokens(ids).detach().requires_grad_()

@@ -1,5 +1,6 @@
 """`autotune verify`: rebuild a recipe's configuration here, re-run its gate and benchmark, and say whether its
-figures still hold. A simulated recipe comes out as a measured one, written next to it."""
+figures still hold. A simulated recipe comes out as a measured one, written next to it: measured on the recipe's
+backend when this machine has it, else on the CPU, and then said to be not comparable with the prediction."""
 from __future__ import annotations
 
 import datetime as dt
@@ -15,6 +16,7 @@ from autotune.models.registry import resolve_model
 from autotune.models.weights import model_checksum
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, load_recipe, write_recipe
+from autotune.recipes.target import Placement, place
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["verify", "Check", "compare", "fingerprint_differences"]
@@ -80,7 +82,7 @@ def fingerprint_differences(recipe: dict, hardware: dict) -> list[str]:
     return diffs
 
 
-def _measure(recipe: Recipe, backend: Backend, repeats: int, timeout_s: float) -> JobResult:
+def _measure(recipe: Recipe, backend: Backend, threads: int | None, repeats: int, timeout_s: float) -> JobResult:
     data = recipe.data
     spec = resolve_model(recipe.model)
     if not spec.has_weights:
@@ -97,7 +99,7 @@ def _measure(recipe: Recipe, backend: Backend, repeats: int, timeout_s: float) -
         if not result.ok:
             raise AutotuneError(f"the reference could not be computed: {result.reason}")
     log(f"verify: rebuild {recipe.config.label()}, gate and benchmark ({repeats} timed runs)")
-    job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=recipe.config.device_power,
+    job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=threads,
               min_agreement=gate.get("min_agreement", 0.995), tie_epsilon=gate.get("tie_epsilon", 0.05), **common)
     result = backend.run(job, timeout_s)
     if result.status is Status.ERROR:
@@ -106,8 +108,9 @@ def _measure(recipe: Recipe, backend: Backend, repeats: int, timeout_s: float) -
     return result
 
 
-def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, predicted: bool) -> None:
-    what = "predicted" if predicted else "recorded"
+def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, predicted: bool,
+                        comparable: bool = True) -> None:
+    what = ("predicted" if comparable else "predicted*") if predicted else "recorded"
     print(f"{'figure':<22} {what:>12} {'measured':>12} {'change':>8}  verdict")
     for key in ("tie_aware_agreement", "raw_agreement", "perplexity"):
         if key in gate:
@@ -116,20 +119,30 @@ def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, pr
     print(f"{'gate':<22} {'pass':>12} {'pass' if gate['passed'] else 'FAIL':>12} {'':>8}  "
           f"{'ok' if gate['passed'] else 'FAILS (min ' + str(gate['min_agreement']) + ')'}")
     for c in checks:
+        if not comparable:
+            # Another backend's figures: a ratio to the prediction would read as the simulator's error.
+            print(f"{c.name:<22} {c.recorded:>12.2f} {c.measured:>12.2f} {'-':>8}  not comparable")
+            continue
         verdict = "ok" if c.holds else f"OUT OF TOLERANCE ({c.tolerance:.0%}, {c.better} is better)"
         if predicted:
             verdict = f"simulator error {c.change:+.0%}"
         print(f"{c.name:<22} {c.recorded:>12.2f} {c.measured:>12.2f} {c.change:>+8.1%}  {verdict}")
+    if not comparable:
+        print("* predicted for other hardware than the one measured here")
 
 
-def _measured_recipe(recipe: Recipe, result: JobResult, backend: Backend) -> dict:
+def _measured_recipe(recipe: Recipe, result: JobResult, backend: Backend, where: Placement) -> dict:
     data = recipe.data
+    # A device_power that was not a thread count here (a simulated GPU's clock level) was not applied: the
+    # measured recipe must not hand it to `autotune serve` as one.
+    configuration = {**data["configuration"], "device_power": where.threads or 0}
     bench = result.bench or {}
     keep = ("throughput_tok_s", "throughput_min", "throughput_max", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
             "tpot_p99_ms", "peak_memory_mb", "kv_reserved_peak_mb", "repeats")
     provenance = {**data["provenance"], "verified_from": str(recipe.path),
                   "date": dt.datetime.now().isoformat(timespec="seconds")}
     return {**{k: v for k, v in data.items() if k != "checksum"}, "backend": backend.name,
+            "configuration": configuration,
             "hardware": backend.fingerprint(), "software": result.versions or {},
             "threads": result.threads,
             "metrics": {"source": "measured", **{k: bench.get(k) for k in keep}, "build_s": result.build_s},
@@ -144,8 +157,11 @@ def verify(args) -> int:
     if not recipe.verified:
         log(f"verify: recipe accepted with --force, UNVERIFIED: {'; '.join(recipe.problems[:3])}")
     data = recipe.data
-    # A simulated recipe is checked on the hardware that can measure here.
-    backend = get_backend("cpu" if recipe.simulated else data["backend"])
+    where = place(recipe)  # a measured recipe whose backend is absent here: refused in one line
+    backend = get_backend(where.backend)
+    if not where.comparable:
+        print(f"verify: this recipe was {where.target.describe()}; it runs here on {where.backend} ({where.why}): "
+              f"the figures below are of {where.backend} and NOT comparable with the recipe's")
     diffs = fingerprint_differences(data, backend.fingerprint())
     if diffs:
         print("fingerprint differs from the recipe's (figures may legitimately differ):")
@@ -154,18 +170,18 @@ def verify(args) -> int:
     else:
         print("fingerprint: same hardware and software as the recipe")
     repeats = args.repeats or int(data["metrics"].get("repeats") or 3)
-    result = _measure(recipe, backend, repeats, args.timeout)
+    result = _measure(recipe, backend, where.threads, repeats, args.timeout)
     gate = result.gate or {}
     checks = compare(data["metrics"], result.bench, args.tolerance) if result.bench is not None else []
-    _print_side_by_side(checks, data.get("gate") or {}, gate, recipe.simulated)
+    _print_side_by_side(checks, data.get("gate") or {}, gate, recipe.simulated, where.comparable)
     if not gate["passed"]:
         print("verify: FAILED: the accuracy gate fails here")
         return 1
     if recipe.simulated:
         assert recipe.path is not None
         out = recipe.path.with_name(recipe.path.stem + ".measured.yaml")
-        write_recipe(out, _measured_recipe(recipe, result, backend))
-        print(f"verify: measured recipe written to {out}")
+        write_recipe(out, _measured_recipe(recipe, result, backend, where))
+        print(f"verify: measured recipe ({where.backend}, {backend.hardware_name()}) written to {out}")
         return 0
     failed = [c.name for c in checks if not c.holds]
     if failed:

@@ -1,4 +1,5 @@
-"""Deploy a recipe: rebuild exactly its configuration, warm it up, and serve it over HTTP."""
+"""Deploy a recipe: rebuild exactly its configuration on the backend it names, warm it up, and serve it over
+HTTP. A simulated recipe was never built anywhere: it is served only as a draft (--draft), said so in the log."""
 from __future__ import annotations
 
 import signal
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from autotune.benchmark.peak_rss import trim_heap
+from autotune.devices.registry import get_device
 from autotune.engine import build_engine
 from autotune.errors import UserInputError
 from autotune.models.registry import resolve_model
@@ -15,42 +18,68 @@ from autotune.models.weights import load_hf_model, load_tokenizer, model_checksu
 from autotune.progress import log
 from autotune.quant.plan import quant_plan
 from autotune.recipes.recipe import Recipe
+from autotune.recipes.target import Placement, place
 from autotune.serve.http import ServingApp, ServingServer
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import GenerationParams, Limits
 from autotune.serve.scheduler import Scheduler
 
-__all__ = ["build_server", "serve_forever"]
+__all__ = ["build_server", "serve_forever", "placement"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def _engine_for(recipe: Recipe, check_weights: bool):
+def placement(recipe: Recipe, draft: bool) -> Placement:
+    """Where `recipe` is served here, or a one-line UserInputError: a simulated recipe without `draft`, or a
+    measured one whose backend this machine lacks."""
+    if recipe.simulated and not draft:
+        raise UserInputError(f"{recipe.path} is a simulated recipe (predicted for "
+                             f"{recipe.data['hardware'].get('hardware')}, never measured): verify it with "
+                             "`autotune verify`, or pass --draft to serve it anyway")
+    where = place(recipe)
+    if recipe.simulated:
+        note = "" if where.comparable else f" instead of {where.target.backend or where.target.hardware} ({where.why})"
+        log(f"serve: DRAFT of a simulated recipe for {where.target.hardware}, served on {where.backend}{note}: "
+            "its simulated figures do not apply here")
+    if recipe.config.device_power and where.threads is None:
+        log(f"serve: device_power={recipe.config.device_power} is a level of {where.target.hardware} "
+            f"({where.target.power_kind}), not a thread count on {where.backend}: not applied")
+    return where
+
+
+def _engine_for(recipe: Recipe, where: Placement, check_weights: bool):
     spec = resolve_model(recipe.model)
     if check_weights and recipe.data["model"]["checksum"] != model_checksum(spec):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
                              f"recipe was made for ({recipe.data['model']['checksum']}); pass --force to serve anyway")
     config = recipe.config
-    if config.device_power:
-        torch.set_num_threads(config.device_power)  # on the CPU, the power level is the thread count
+    if where.threads:
+        torch.set_num_threads(where.threads)
+    # The CPU path of the engine does not go through a Device (autotune/devices/base.py); accelerators do.
+    device = None if where.backend == "cpu" else get_device(where.backend)
     hf = load_hf_model(spec, "float32")
     max_seq_len = min(recipe.max_seq_len, hf.config.max_position_embeddings)
-    engine = build_engine(hf, config, plan=quant_plan(hf, spec, load_tokenizer(spec), config, recipe.kept_layers))
+    engine = build_engine(hf, config, device=device,
+                          plan=quant_plan(hf, spec, load_tokenizer(spec), config, recipe.kept_layers))
     del hf
+    trim_heap()  # the fp32 model's pages back to the OS, not kept in the heap for the server's lifetime
     return engine, load_tokenizer(spec), max_seq_len
 
 
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
-                 force: bool = False) -> ServingServer:
-    """A ready server (engine built and warmed up, scheduler running); call serve_forever() on it."""
-    log(f"serve: building {recipe.config.label()} for {recipe.model}")
-    engine, tokenizer, max_seq_len = _engine_for(recipe, check_weights=not force)
+                 force: bool = False, draft: bool = False) -> ServingServer:
+    """A ready server (engine built and warmed up, scheduler running); call serve_forever() on it. `draft`
+    accepts a simulated recipe (placement())."""
+    where = placement(recipe, draft)
+    log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
+    engine, tokenizer, max_seq_len = _engine_for(recipe, where, check_weights=not force)
     scheduler = Scheduler(engine, max_seq_len, max_queue)
     scheduler.start()
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,
-            "metrics_source": recipe.data["metrics"]["source"]}
+            "metrics_source": recipe.data["metrics"]["source"], "backend": where.backend,
+            "draft": recipe.simulated}
     app = ServingApp(scheduler, tokenizer, Limits(max_seq_len), Path(recipe.model).name, info, ServerMetrics())
     _warm_up(app)
     try:
@@ -74,10 +103,10 @@ def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool) -> int:
+def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False) -> int:
     if host not in LOOPBACK:
         log(f"serve: listening on {host}, not only loopback: anyone who can reach this machine can use it")
-    server = build_server(recipe, host, port, max_queue, force)
+    server = build_server(recipe, host, port, max_queue, force, draft)
     if not recipe.verified:
         log("serve: this recipe is UNVERIFIED (accepted with --force): its figures may not hold")
     print(f"serving {recipe.path} on http://{host}:{server.server_address[1]} "

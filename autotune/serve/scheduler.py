@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from autotune.engine import Completion, Engine, Request, Runner
 from autotune.progress import log
 
-__all__ = ["Scheduler", "Handle", "Overloaded", "ServingStopped"]
+__all__ = ["Scheduler", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK"]
+
+# Prompt tokens one engine step may prefill: new prompts delay the running decodes by one forward of at most this
+# many tokens a step, instead of all admitted prompts at once (8 prompts of 128 tokens in one forward).
+PREFILL_CHUNK = 256
 
 
 class Overloaded(Exception):
@@ -44,28 +48,37 @@ class Scheduler:
     """Dynamic batching: requests join the running batch as soon as a row (and KV pages) are free, up to the
     recipe's batch size; at most `max_queue` more wait. Beyond that, submit() raises Overloaded."""
 
-    def __init__(self, engine: Engine, max_seq_len: int, max_queue: int) -> None:
+    def __init__(self, engine: Engine, max_seq_len: int, max_queue: int,
+                 prefill_chunk: int | None = PREFILL_CHUNK) -> None:
         self.engine, self.max_seq_len, self.max_queue = engine, max_seq_len, max_queue
+        self.prefill_chunk = prefill_chunk
         self._runner = self._new_runner()
         self._inbox: queue.Queue[Handle] = queue.Queue()
         self._live: list[Handle] = []
         self._in_system = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._warm_up_error: Exception | None = None
         self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
         self.gauges = {"queue_depth": 0, "running": 0, "kv_pages_in_use": 0, "kv_pages_total": 0}
         self.steps = 0
 
     def _new_runner(self) -> Runner:
         batch = self.engine.config.batch_size
-        return self.engine.runner(max_seq_len=self.max_seq_len, pool_tokens=batch * self.max_seq_len)
+        return self.engine.runner(max_seq_len=self.max_seq_len, pool_tokens=batch * self.max_seq_len,
+                                  prefill_chunk=self.prefill_chunk, bucketed=True)
 
     @property
     def batch_size(self) -> int:
         return self._runner.max_batch
 
     def start(self) -> None:
+        """Start the engine thread; it first compiles what serving will meet (every decode bucket, prefill)."""
         self._thread.start()
+        self._ready.wait()
+        if self._warm_up_error is not None:
+            raise self._warm_up_error
 
     def stop(self) -> None:
         self._stop.set()
@@ -84,6 +97,14 @@ class Scheduler:
         return handle
 
     def _loop(self) -> None:
+        self.engine.enter_thread()  # compile settings are per thread: this one compiles and runs the graphs
+        try:
+            self._runner.warm_up()
+        except Exception as exc:  # noqa: BLE001 - handed to start(), which raises it
+            self._warm_up_error = exc
+            return
+        finally:
+            self._ready.set()
         while not self._stop.is_set():
             idle = not self._live
             try:

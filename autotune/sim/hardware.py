@@ -10,7 +10,8 @@ import yaml
 from autotune.errors import UserInputError
 from autotune.sim.microbench import measured_peaks
 
-__all__ = ["HARDWARE_DIR", "HardwareProfile", "Factors", "list_profiles", "load_profile", "profile_path"]
+__all__ = ["HARDWARE_DIR", "HardwareProfile", "Factors", "list_profiles", "load_profile", "profile_path",
+           "read_profile_data"]
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent.parent / "hardware"
 

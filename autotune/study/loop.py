@@ -61,11 +61,28 @@ _STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "re
            "compile_cache", "timing", "quant")
 
 
+def _store_calibration(study: optuna.Study, quant: dict | None) -> None:
+    """What a calibrated trial was built from, stored once in the study: the calibration set's provenance
+    (`calibration`) and each sensitivity ranking (`sensitivity:<scheme>:<method>`), measured once per model, scheme
+    and method, that the trials' kept layers were chosen by. Each trial keeps its own kept layers."""
+    if not quant:
+        return
+    attrs = study.user_attrs
+    if quant.get("calibration") and "calibration" not in attrs:
+        study.set_user_attr("calibration", quant["calibration"])
+    sensitivity = quant.get("sensitivity")
+    if sensitivity:
+        key = f"sensitivity:{sensitivity['scheme']}:{sensitivity['method']}"
+        if key not in attrs:
+            study.set_user_attr(key, sensitivity)
+
+
 def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, result: JobResult) -> str:
     """Tell the study what happened; returns a one-line summary."""
     for key, value in result.to_dict().items():
         if key in _STORED:
             trial.set_user_attr(key, value)
+    _store_calibration(study, result.quant)
     if result.status is Status.OK:
         bench = result.bench
         assert bench is not None, "an OK trial result carries its benchmark"

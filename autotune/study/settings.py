@@ -29,7 +29,7 @@ class SearchSettings:
     seed: int | None = None
     trial_timeout_s: float = 900.0
     repeats: int = 3
-    trial_memory_mb: float | None = None  # address-space limit of each trial's process
+    trial_memory_mb: float | None = None  # each trial's memory limit (backends/isolated.py: how, per device)
     timeout_s: float | None = None  # no new trial once one more would likely end past this (Optuna's timeout)
     guided: bool = True  # the simulator orders most trials (autotune/study/guide.py) where the backend has a profile
     sampler_share: int = 3  # with guidance, every this-many-th trial is the sampler's own

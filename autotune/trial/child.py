@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Envelope", "run_child", "limit_memory"]
+__all__ = ["Envelope", "run_child", "limit_memory", "address_space_limited"]
 
 
 @dataclass(slots=True)
@@ -37,11 +37,18 @@ class Envelope:
         return cls(**{**data, "job": Job(**data["job"])})
 
 
-def limit_memory(limit_mb: float | None) -> None:
+def address_space_limited(device: str) -> bool:
+    """Whether a trial on `device` limits its own address space (RLIMIT_AS). Only on the CPU: the CUDA driver and
+    torch_npu reserve address space far beyond any memory limit at start-up, so there the parent watches the
+    trial's resident memory instead (autotune/backends/memory_watch.py)."""
+    return device == "cpu"
+
+
+def limit_memory(limit_mb: float | None, device: str = "cpu") -> None:
     """RLIMIT_AS: an allocation past the limit fails inside this process (MemoryError, failed malloc) instead of
     waking the machine's OOM killer, which might pick the worker or the database. Set here rather than in a
-    preexec_fn, which is unsafe in a parent with threads (the worker's heartbeat)."""
-    if limit_mb:
+    preexec_fn, which is unsafe in a parent with threads (the worker's heartbeat). Nothing on an accelerator."""
+    if limit_mb and address_space_limited(device):
         limit = int(limit_mb * 2**20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
@@ -49,7 +56,7 @@ def limit_memory(limit_mb: float | None) -> None:
 def run_child(argv: list[str], run: Callable[[Envelope], JobResult]) -> int:
     """Read the envelope at argv[0], run it with `run`, write the result to argv[1]; always returns 0."""
     envelope = Envelope.from_json(open(argv[0]).read())
-    limit_memory(envelope.memory_limit_mb)
+    limit_memory(envelope.memory_limit_mb, envelope.device)
     try:
         result = run(envelope)
     except MemoryError:

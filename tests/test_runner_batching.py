@@ -1,0 +1,135 @@
+"""Decode in batch buckets and chunked prefill: the same greedy tokens as the full padded batch and the whole-prompt
+prefill (and as transformers), with fewer padded rows and bounded prefill forwards."""
+from __future__ import annotations
+
+import pytest
+import torch
+from model_factory import hf_greedy, make_tiny
+
+from autotune.config.deploy import DeployConfig
+from autotune.engine import Request, build_engine
+from autotune.engine.runner import batch_buckets
+
+LENGTHS = (5, 17, 33, 9, 24)
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _prompts(vocab: int, lengths=LENGTHS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _requests(prompts: list[list[int]], new: list[int], eos: int | None = None) -> list[Request]:
+    return [Request(p, n, min_new_tokens=n, eos_token_id=eos) for p, n in zip(prompts, new)]
+
+
+def _spy(model, name: str, seen: list) -> None:
+    original = getattr(model, name)
+
+    def spy(token_ids, *args):
+        seen.append(tuple(token_ids.shape))
+        return original(token_ids, *args)
+
+    setattr(model, name, spy)
+
+
+def test_buckets_are_powers_of_two_then_the_batch_size():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+
+
+@pytest.mark.parametrize("level", ["O0", "O1"])
+def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, level):
+    prompts = _prompts(tiny_llama.config.vocab_size, (*LENGTHS, 12))
+    new = [12, 3, 7, 10, 5, 2]  # rows leave at different steps: the running batch shrinks through every bucket
+    split = 2 if level != "O0" else None
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level=level, layers_per_subgraph=split, batch_size=8),
+                          dtype=torch.float32)
+    runner = engine.runner(max_seq_len=64, bucketed=True)
+    runner.pad_batch = True  # an eager engine pads as a compiled one does
+    seen: list = []
+    _spy(engine.model, "decode", seen)
+    bucketed = [c.output_ids for c in runner.run(_requests(prompts, new))]
+    assert {shape[0] for shape in seen} == {1, 2, 4, 8}, seen
+    full = engine.runner(max_seq_len=64)
+    full.pad_batch = True  # the offline path: every step at the full batch
+    seen.clear()
+    padded = [c.output_ids for c in full.run(_requests(prompts, new))]
+    assert {shape[0] for shape in seen} == {8}
+    assert bucketed == padded == [row[:n] for row, n in zip(hf_greedy(tiny_llama, prompts, 12), new)]
+
+
+@pytest.mark.parametrize("chunk", [8, 40])
+def test_chunked_prefill_gives_the_tokens_of_whole_prompts(tiny_llama, chunk):
+    prompts = _prompts(tiny_llama.config.vocab_size)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=4), dtype=torch.float32)
+    whole = [c.output_ids for c in engine.runner(max_seq_len=64).run(_requests(prompts, [10] * 5))]
+    runner = engine.runner(max_seq_len=64, prefill_chunk=chunk)
+    forwards: list = []
+    _spy(engine.model, "prefill", forwards)
+    _spy(engine.model, "prefill_chunk", forwards)
+    chunked = [c.output_ids for c in runner.run(_requests(prompts, [10] * 5))]
+    assert all(rows * width <= chunk for rows, width in forwards), forwards
+    assert len(forwards) > 3  # more forwards than batches: the budget split them
+    assert chunked == whole == hf_greedy(tiny_llama, prompts, 10)
+
+
+def test_decodes_run_between_the_chunks_of_a_long_prompt(tiny_llama):
+    """A long prompt arriving while another request decodes costs that request one chunk per step, not the whole
+    prompt: its tokens keep coming while the long prompt is prefilled."""
+    vocab = tiny_llama.config.vocab_size
+    short, long = _prompts(vocab, (6, 48))
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=16), dtype=torch.float32)
+    runner = engine.runner(max_seq_len=96, prefill_chunk=8)
+    first = runner.submit(Request(short, 12, min_new_tokens=12))
+    runner.step()
+    second = runner.submit(Request(long, 4, min_new_tokens=4))
+    produced = []
+    while not second.output_ids:
+        runner.step()
+        produced.append(len(first.output_ids))
+    assert len(produced) == 6 and produced == sorted(set(produced))  # 48 tokens in 6 chunks, a token each step
+    while not (first.finish_reason and second.finish_reason):
+        runner.step()
+    alone = [c.output_ids for c in engine.runner(max_seq_len=96).run(
+        [Request(short, 12, min_new_tokens=12), Request(long, 4, min_new_tokens=4)])]
+    assert [first.output_ids, second.output_ids] == alone
+
+
+@pytest.mark.parametrize("variant", ["mistral", "gemma2", "gemma3_text", "phi3"])
+def test_chunked_prefill_keeps_windows_softcaps_and_local_rope(variant):
+    model = make_tiny(variant)
+    prompts = _prompts(model.config.vocab_size, (5, 17, 33, 12))
+    expected = hf_greedy(model, prompts, 8)
+    engine = build_engine(model, DeployConfig(batch_size=4, page_size=4), dtype=torch.float32)
+    eos = engine.model.eos_token_id
+    runner = engine.runner(max_seq_len=64, prefill_chunk=6)
+    assert [c.output_ids for c in runner.run(_requests(prompts, [8] * 4, eos))] == expected
+
+
+
+def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
+    """dynamo's and inductor's settings are per thread: the serving loop's thread takes the engine's, else its graphs
+    were not frozen and beyond dynamo's default of 8 graphs a segment it ran eager."""
+    import threading
+
+    import torch._dynamo
+    import torch._inductor.config
+
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O2", layers_per_subgraph=1, batch_size=8),
+                          dtype=torch.float32)
+    seen = {}
+
+    def thread() -> None:
+        before = (torch._dynamo.config.cache_size_limit, torch._inductor.config.freezing)
+        engine.enter_thread()
+        seen.update(before=before, after=(torch._dynamo.config.cache_size_limit, torch._inductor.config.freezing))
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    worker.join()
+    assert seen["before"] == (8, False)  # what a new thread gets: why enter_thread exists
+    assert seen["after"][0] >= 4 * len(engine.model.segments) and seen["after"][1] is True
