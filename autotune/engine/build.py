@@ -38,7 +38,7 @@ class Engine:
     def enter_thread(self) -> None:
         """Call first in a thread other than the builder's that runs this engine (the serving loop): dynamo's and
         inductor's settings are per thread, and without them a graph compiled there was not frozen, and beyond
-        dynamo's default of 8 graphs a segment ran eager (served decode steps measured 2.5x the offline ones)."""
+        dynamo's default of 8 graphs a segment ran eager (the serve log said `recompile_limit (8)`)."""
         if self.compiled:
             # An accelerator's Device passes its own compile options; only the CPU path sets inductor's freezing.
             on_cpu = self.model.cos_table.device.type == "cpu"
