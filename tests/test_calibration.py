@@ -60,6 +60,19 @@ def tiny_plan_env(tiny_model_folder, tmp_path, monkeypatch):
     return spec, load_tokenizer(spec), load_hf_model(spec, "float32"), drawn
 
 
+def test_round_to_nearest_with_fallback_ranks_layers_without_the_calibration_pass(tiny_plan_env, monkeypatch):
+    spec, tokenizer, hf, _ = tiny_plan_env
+    monkeypatch.setattr(plan_module, "collect_statistics", lambda *a, **k: pytest.fail("rtn needs no statistics"))
+    plan = quant_plan(hf, spec, tokenizer, DeployConfig(quant="w8a16", fallback_layers=2))
+    folder = calibration_dir(spec)
+    assert not (folder / "calibration.pt").exists()
+    ranking = json.loads((folder / "sensitivity-w8a16-rtn.json").read_text())["ranking"]
+    assert list(plan.keep) == [name for name, _ in ranking[:2]]
+    assert plan.summary["calibration"]["samples"] == 512
+    engine = build_engine(hf, DeployConfig(quant="w8a16", fallback_layers=2), plan=plan)
+    assert engine.quantization["kept"] == sorted(plan.keep)
+
+
 def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(tiny_plan_env, monkeypatch):
     spec, tokenizer, hf, drawn = tiny_plan_env
     assert quant_plan(hf, spec, tokenizer, DeployConfig(quant="w8a8")) is None  # rtn, no fallback: the plain scheme

@@ -134,12 +134,17 @@ class Method(ABC):
     `name` under the scheme's `quantizer`, computing the same function up to quantization. It raises TrialFailure
     when the plan lacks what it needs. `schemes` lists where it is meaningful (config/deploy.py QUANT_METHODS)."""
 
+    # Reads the calibration statistics (act_absmax, awq_scales): False spares a plan the calibration pass.
+    calibrated = True
+
     @abstractmethod
     def convert(self, linear: nn.Linear, quantizer: Quantizer, plan: QuantPlan, name: str) -> nn.Module: ...
 
 
 class RoundToNearest(Method):
     """The scheme's own quantizer, data-free."""
+
+    calibrated = False
 
     def convert(self, linear: nn.Linear, quantizer: Quantizer, plan: QuantPlan, name: str) -> nn.Module:
         return _replace_one(quantizer, linear)
