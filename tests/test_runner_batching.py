@@ -65,16 +65,25 @@ def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, l
 @pytest.mark.parametrize("chunk", [8, 40])
 def test_chunked_prefill_gives_the_tokens_of_whole_prompts(tiny_llama, chunk):
     prompts = _prompts(tiny_llama.config.vocab_size)
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=4), dtype=torch.float32)
-    whole = [c.output_ids for c in engine.runner(max_seq_len=64).run(_requests(prompts, [10] * 5))]
+    new = [10, 6, 8, 12, 5]  # rows leave at different steps: later prompts arrive while others decode
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=4), dtype=torch.float32)
+    whole = [c.output_ids for c in engine.runner(max_seq_len=64).run(_requests(prompts, new))]
     runner = engine.runner(max_seq_len=64, prefill_chunk=chunk)
-    forwards: list = []
-    _spy(engine.model, "prefill", forwards)
-    _spy(engine.model, "prefill_chunk", forwards)
-    chunked = [c.output_ids for c in runner.run(_requests(prompts, [10] * 5))]
-    assert all(rows * width <= chunk for rows, width in forwards), forwards
-    assert len(forwards) > 3  # more forwards than batches: the budget split them
-    assert chunked == whole == hf_greedy(tiny_llama, prompts, 10)
+    forwards: list = []  # (rows, tokens, sequences decoding meanwhile)
+    for name in ("prefill", "prefill_chunk"):
+        original = getattr(engine.model, name)
+
+        def spy(token_ids, *args, original=original):
+            forwards.append((*token_ids.shape, len(runner._running)))
+            return original(token_ids, *args)
+
+        setattr(engine.model, name, spy)
+    chunked = [c.output_ids for c in runner.run(_requests(prompts, new))]
+    assert forwards[0] == (2, 17, 0)  # nothing decodes yet: both admitted prompts at once, over the budget
+    while_decoding = [(rows, width) for rows, width, decoding in forwards if decoding]
+    assert all(rows * width <= chunk for rows, width in while_decoding), forwards
+    assert len(while_decoding) >= (6 if chunk == 8 else 2), forwards  # chunk 8: the 33 and 24 tokens split
+    assert chunked == whole == [row[:n] for row, n in zip(hf_greedy(tiny_llama, prompts, 12), new)]
 
 
 def test_decodes_run_between_the_chunks_of_a_long_prompt(tiny_llama):
@@ -133,3 +142,21 @@ def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
     worker.join()
     assert seen["before"] == (8, False)  # what a new thread gets: why enter_thread exists
     assert seen["after"][0] >= 4 * len(engine.model.segments) and seen["after"][1] is True
+
+
+def test_warm_up_compiles_every_graph_serving_meets(tiny_llama):
+    """After warm_up, no request shape compiles a graph on a user's request: one prompt or several, a one-token
+    prompt, a prompt longer than the prefill chunk (one that would leave a last chunk of one token), every bucket."""
+    from torch._dynamo.utils import counters
+
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O1", layers_per_subgraph=0, batch_size=4, page_size=8),
+                          dtype=torch.float32)
+    runner = engine.runner(max_seq_len=64, prefill_chunk=16, bucketed=True)
+    runner.warm_up(prompt_tokens=4)
+    compiled = counters["stats"]["unique_graphs"]
+    vocab = tiny_llama.config.vocab_size
+    shapes = [(1,), (7,), (3, 11, 6), (17,), (33,), (2, 5, 9, 12), (40, 1)]
+    for lengths in shapes:
+        prompts = _prompts(vocab, lengths)
+        runner.run(_requests(prompts, [3 + i for i in range(len(prompts))]))
+    assert counters["stats"]["unique_graphs"] == compiled

@@ -110,9 +110,10 @@ class Runner:
     `pad_batch` pads every decode step to the smallest of `batch_buckets(max_batch)` that holds its rows (static
     shapes for compiled graphs, a few of them); padded rows write to the cache's scratch page and are ignored.
     `bucketed` False: one bucket, `max_batch`.
-    `prefill_chunk` bounds the prompt tokens one step prefills (padding counted), so that new prompts delay the
-    running decodes by one bounded forward a step: fresh prompts that fit are prefilled together, a longer one a
-    chunk per step, attending to its earlier chunks in the cache. None: every admitted prompt at once."""
+    `prefill_chunk` bounds the prompt tokens one step prefills (padding counted) while other sequences decode, so
+    that new prompts delay the running decodes by one bounded forward a step: fresh prompts that fit are prefilled
+    together, a longer one a chunk per step, attending to its earlier chunks in the cache. None, or no sequence
+    decoding: every admitted prompt at once (a burst of arrivals is prefilled as the offline benchmark does)."""
 
     def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False,
                  prefill_chunk: int | None = None, bucketed: bool = False) -> None:
@@ -148,6 +149,8 @@ class Runner:
         """Whole prompts from position 0 in one forward: [rows, longest prompt], right-padded."""
         cache = self.cache
         width = max(len(r.completion.request.prompt_ids) for r in rows)
+        if self.pad_batch:
+            width = max(width, 2)  # dynamo specialises a length of 1: one more graph, compiled on a user's request
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         slots = torch.zeros(len(rows), width, dtype=torch.long)  # pads write to the scratch page
         lengths = torch.empty(len(rows), dtype=torch.long)
@@ -179,8 +182,9 @@ class Runner:
 
     def _prefill(self) -> None:
         """One prefill forward: the fresh prompts at the head of the queue that fit the chunk together, else the
-        next chunk of the head's prompt. Rows whose prompt is all in the cache move on to decoding."""
-        budget, head = self.prefill_chunk, self._prefilling[0]
+        next chunk of the head's prompt. Rows whose prompt is all in the cache move on to decoding. While no row
+        decodes there is no one to keep waiting: every admitted prompt (the rest of a chunked one) at once."""
+        budget, head = self.prefill_chunk if self._running else None, self._prefilling[0]
         if head.length == 0 and (budget is None or len(head.completion.request.prompt_ids) <= budget):
             group, width = [], 0
             for r in self._prefilling:
@@ -192,8 +196,10 @@ class Runner:
             self._prefill_whole(group)
             done = group
         else:
-            assert budget is not None
-            end = min(len(head.completion.request.prompt_ids), head.length + budget)
+            n = len(head.completion.request.prompt_ids)
+            end = n if budget is None else min(n, head.length + budget)
+            if n - end == 1 and end - head.length > 2:
+                end -= 1  # no last chunk of one token: a length of 1 is a graph of its own (_prefill_whole)
             done = [head] if self._prefill_part(head, end) else []
         self._prefilling = self._prefilling[len(done):]
         self._running.extend(done)
@@ -244,14 +250,21 @@ class Runner:
         return completions
 
     def warm_up(self, prompt_tokens: int = 16) -> None:
-        """Run each decode bucket once, after a prefill of as many prompts (token ids of no meaning), so that a
-        compiled engine compiles those graphs here rather than on a user's request. Prompts longer than
-        `prefill_chunk` take a path of their own, compiled when the first one comes."""
+        """Run what a compiled engine compiles a graph for, so that it compiles here rather than on a user's request:
+        each decode bucket, after a prefill of as many prompts (token ids of no meaning; one prompt and several
+        are different graphs), and with `prefill_chunk` a prompt longer than it (a first chunk, then a later one)."""
         room = self.cache.max_seq_len - 2  # each warm-up request writes its prompt and two tokens
         for rows in self.buckets if self.pad_batch else (self.max_batch,):
             # Prompt lengths differ from one bucket to the next: prefill meets both of its dynamic dimensions.
             length = max(1, min(prompt_tokens + rows, room))
             self.run([Request([1] * length, 2, min_new_tokens=2) for _ in range(rows)])
+        if self.prefill_chunk is not None and room > self.prefill_chunk + 2:
+            # Chunks are taken only while another sequence decodes: one does, through the long prompt's two chunks.
+            self.submit(Request([1] * prompt_tokens, 6, min_new_tokens=6))
+            self.step()
+            self.submit(Request([1] * min(self.prefill_chunk + prompt_tokens + 1, room), 2, min_new_tokens=2))
+            while self._waiting or self._prefilling or self._running:
+                self.step()
 
     def _admissible(self, queue: deque[Completion], rows: int) -> list[Completion]:
         """Take from the queue what fits now: free batch rows and (pool policy) the pages each request reserves,

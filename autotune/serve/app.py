@@ -2,6 +2,7 @@
 HTTP. A simulated recipe was never built anywhere: it is served only as a draft (--draft), said so in the log."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -21,7 +22,7 @@ from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
 from autotune.serve.http import ServingApp, ServingServer
 from autotune.serve.metrics import ServerMetrics
-from autotune.serve.protocol import GenerationParams, Limits
+from autotune.serve.protocol import Limits
 from autotune.serve.scheduler import Scheduler
 
 __all__ = ["build_server", "serve_forever", "placement"]
@@ -67,21 +68,26 @@ def _engine_for(recipe: Recipe, where: Placement, check_weights: bool):
 
 
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
-                 force: bool = False, draft: bool = False) -> ServingServer:
-    """A ready server (engine built and warmed up, scheduler running); call serve_forever() on it. `draft`
-    accepts a simulated recipe (placement())."""
+                 force: bool = False, draft: bool = False, *, engine_here: bool = False) -> ServingServer:
+    """A ready server (engine built and warmed up); call serve_forever() on it. `draft` accepts a simulated recipe
+    (placement()). The engine's loop runs on a thread of its own, unless `engine_here`: then the caller runs it on
+    this thread, which built the engine (`server.app.scheduler.run()`; autotune/serve/scheduler.py says why)."""
     where = placement(recipe, draft)
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
     engine, tokenizer, max_seq_len = _engine_for(recipe, where, check_weights=not force)
     scheduler = Scheduler(engine, max_seq_len, max_queue)
-    scheduler.start()
+    started = time.perf_counter()
+    if engine_here:
+        scheduler.warm_up()
+    else:
+        scheduler.start()
+    log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,
             "metrics_source": recipe.data["metrics"]["source"], "backend": where.backend,
             "draft": recipe.simulated}
     app = ServingApp(scheduler, tokenizer, Limits(max_seq_len), Path(recipe.model).name, info, ServerMetrics())
-    _warm_up(app)
     try:
         return ServingServer((host, port), app)
     except OSError as exc:
@@ -89,39 +95,29 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
         raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def _warm_up(app: ServingApp) -> None:
-    """One short request before accepting any: compiled configurations compile here, not on a user's request."""
-    started = time.perf_counter()
-    params = GenerationParams(app.encode("Hello")[:8] or [0], 4, 0.0, 1.0, None, ())
-    handle = app.scheduler.submit(app.request(params))
-    while handle.events.get(timeout=600)[0] == "tokens":
-        pass
-    log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
-
-
 def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
 
 def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False) -> int:
+    # One tokenizer call at a time per request: a Rust thread pool of its own would only take CPU from the engine.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if host not in LOOPBACK:
         log(f"serve: listening on {host}, not only loopback: anyone who can reach this machine can use it")
-    server = build_server(recipe, host, port, max_queue, force, draft)
+    server = build_server(recipe, host, port, max_queue, force, draft, engine_here=True)
     if not recipe.verified:
         log("serve: this recipe is UNVERIFIED (accepted with --force): its figures may not hold")
     print(f"serving {recipe.path} on http://{host}:{server.server_address[1]} "
           f"(POST /generate, POST /v1/completions, GET /health, GET /metrics)", flush=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    # HTTP on other threads; the engine stays on this one, which built it.
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     # SIGTERM (a process manager stopping us) shuts down as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: _raise_interrupt())
     try:
-        while thread.is_alive():
-            thread.join(timeout=1.0)
+        server.app.scheduler.run()
     except KeyboardInterrupt:
         log("serve: shutting down")
     finally:
         server.shutdown()
         server.server_close()
-        server.app.scheduler.stop()
     return 0

@@ -1,7 +1,15 @@
 """The serving loop: one engine thread drives a Runner step by step; HTTP threads submit requests and read tokens.
 
 The Runner is not thread-safe and never needs to be: only the engine thread touches it. Other threads talk to
-it through a bounded inbox and per-request event queues, and read gauges that the engine thread publishes."""
+it through a bounded inbox and per-request event queues, and read gauges that the engine thread publishes.
+
+On the CPU the engine thread should be the thread that built the engine (`autotune serve` runs the loop on its
+main thread, `run()`): torch's OpenMP runtime (libgomp) keeps a pool of workers per thread that ever ran a
+parallel region, and once it manages more workers than there are CPUs its idle workers stop spinning and sleep,
+so every one of the thousands of parallel regions of a decode step waits for a wake-up (scripts/omp_threads.py
+times one matmul both ways; on a 2-core EPYC a served SmolLM2 token at concurrency 1 went from 71 to 35 ms when
+the loop moved to the main thread). `start()` runs the loop on a thread of its own, for a process whose main
+thread is busy elsewhere (tests, embedding), at that cost."""
 from __future__ import annotations
 
 import queue
@@ -60,7 +68,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._warm_up_error: Exception | None = None
-        self._thread = threading.Thread(target=self._loop, name="autotune-engine", daemon=True)
+        self._thread: threading.Thread | None = None
         self.gauges = {"queue_depth": 0, "running": 0, "kv_pages_in_use": 0, "kv_pages_total": 0}
         self.steps = 0
 
@@ -73,8 +81,23 @@ class Scheduler:
     def batch_size(self) -> int:
         return self._runner.max_batch
 
+    def warm_up(self) -> None:
+        """Compile, on the calling thread, what serving will meet (every decode bucket, each prefill path)."""
+        self._runner.warm_up()
+
+    def run(self) -> None:
+        """The serving loop on the calling thread (which built and warmed up the engine) until stop() or an
+        exception (Ctrl-C); requests still in flight then end with an error event."""
+        try:
+            self._loop()
+        finally:
+            self._stop.set()
+            self._fail_all("the server is shutting down")
+
     def start(self) -> None:
-        """Start the engine thread; it first compiles what serving will meet (every decode bucket, prefill)."""
+        """Warm up and serve on a thread of its own; returns once warm. Slower on the CPU than run() on the
+        building thread (module docstring): for processes whose main thread does something else."""
+        self._thread = threading.Thread(target=self._background, name="autotune-engine", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._warm_up_error is not None:
@@ -82,7 +105,8 @@ class Scheduler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def submit(self, request: Request) -> Handle:
         if self._stop.is_set():
@@ -96,15 +120,18 @@ class Scheduler:
         self._inbox.put(handle)
         return handle
 
-    def _loop(self) -> None:
+    def _background(self) -> None:
         self.engine.enter_thread()  # compile settings are per thread: this one compiles and runs the graphs
         try:
-            self._runner.warm_up()
+            self.warm_up()
         except Exception as exc:  # noqa: BLE001 - handed to start(), which raises it
             self._warm_up_error = exc
             return
         finally:
             self._ready.set()
+        self.run()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             idle = not self._live
             try:
@@ -129,7 +156,6 @@ class Scheduler:
                 self._fail_all(f"engine error: {type(exc).__name__}: {exc}")
                 continue
             self._publish()
-        self._fail_all("the server is shutting down")
 
     def _publish(self) -> None:
         still = []
