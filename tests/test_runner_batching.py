@@ -25,11 +25,12 @@ def _requests(prompts: list[list[int]], new: list[int], eos: int | None = None) 
     return [Request(p, n, min_new_tokens=n, eos_token_id=eos) for p, n in zip(prompts, new)]
 
 
-def _spy(model, name: str, seen: list) -> None:
+def _spy(model, name: str, seen: list, also=None) -> None:
+    """Record the shape of each `name` forward's token ids, followed by `also()` when given."""
     original = getattr(model, name)
 
     def spy(token_ids, *args):
-        seen.append(tuple(token_ids.shape))
+        seen.append((*token_ids.shape, also()) if also else tuple(token_ids.shape))
         return original(token_ids, *args)
 
     setattr(model, name, spy)
@@ -71,13 +72,7 @@ def test_chunked_prefill_gives_the_tokens_of_whole_prompts(tiny_llama, chunk):
     runner = engine.runner(max_seq_len=64, prefill_chunk=chunk)
     forwards: list = []  # (rows, tokens, sequences decoding meanwhile)
     for name in ("prefill", "prefill_chunk"):
-        original = getattr(engine.model, name)
-
-        def spy(token_ids, *args, original=original):
-            forwards.append((*token_ids.shape, len(runner._running)))
-            return original(token_ids, *args)
-
-        setattr(engine.model, name, spy)
+        _spy(engine.model, name, forwards, also=lambda: len(runner._running))
     chunked = [c.output_ids for c in runner.run(_requests(prompts, new))]
     assert forwards[0] == (2, 17, 0)  # nothing decodes yet: both admitted prompts at once, over the budget
     while_decoding = [(rows, width) for rows, width, decoding in forwards if decoding]

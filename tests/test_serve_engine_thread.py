@@ -15,7 +15,7 @@ from autotune.recipes.recipe import load_recipe
 from autotune.serve import build_server
 from autotune.serve.loadtest import one_request
 
-BODY = {"prompt": "The licence grants", "max_tokens": 6, "min_tokens": 6, "ignore_eos": True, "stream": True,
+BODY = {"model": "m", "prompt": "The licence grants", "max_tokens": 6, "min_tokens": 6, "ignore_eos": True, "stream": True,
         "temperature": 0.0, "stream_options": {"include_usage": True}}
 
 
@@ -36,7 +36,7 @@ def test_the_engine_loop_runs_on_the_calling_thread(tmp_path, decided_model_fold
 
     def client() -> None:
         try:
-            outcomes.extend(one_request("127.0.0.1", server.server_address[1], {**BODY, "model": "m"})
+            outcomes.extend(one_request("127.0.0.1", server.server_address[1], BODY)
                             for _ in range(2))
         finally:
             scheduler.stop()
@@ -61,7 +61,7 @@ def test_autotune_serve_answers_then_stops_on_sigterm(tmp_path, decided_model_fo
                 port = int(match.group(1))
                 break
         assert port, "autotune serve exited before serving"
-        outcome = one_request("127.0.0.1", port, {**BODY, "model": "m"})
+        outcome = one_request("127.0.0.1", port, BODY)
         assert outcome.ok and outcome.tokens == 6, outcome
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[0]

@@ -245,9 +245,13 @@ class Runner:
         that offline runs and serving batch alike; call it on an idle runner."""
         now = time.perf_counter()
         completions = [self.submit(r, arrival=now) for r in requests]
+        self._drain()
+        return completions
+
+    def _drain(self) -> None:
+        """Step until every submitted request has finished."""
         while self._waiting or self._prefilling or self._running:
             self.step()
-        return completions
 
     def warm_up(self, prompt_tokens: int = 16) -> None:
         """Run what a compiled engine compiles a graph for, so that it compiles here rather than on a user's request:
@@ -263,8 +267,7 @@ class Runner:
             self.submit(Request([1] * prompt_tokens, 6, min_new_tokens=6))
             self.step()
             self.submit(Request([1] * min(self.prefill_chunk + prompt_tokens + 1, room), 2, min_new_tokens=2))
-            while self._waiting or self._prefilling or self._running:
-                self.step()
+            self._drain()
 
     def _admissible(self, queue: deque[Completion], rows: int) -> list[Completion]:
         """Take from the queue what fits now: free batch rows and (pool policy) the pages each request reserves,
