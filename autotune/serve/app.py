@@ -58,13 +58,13 @@ def _engine_for(recipe: Recipe, where: Placement, check_weights: bool):
         torch.set_num_threads(where.threads)
     # The CPU path of the engine does not go through a Device (autotune/devices/base.py); accelerators do.
     device = None if where.backend == "cpu" else get_device(where.backend)
-    hf = load_hf_model(spec, "float32")
+    hf, tokenizer = load_hf_model(spec, "float32"), load_tokenizer(spec)
     max_seq_len = min(recipe.max_seq_len, hf.config.max_position_embeddings)
     engine = build_engine(hf, config, device=device,
-                          plan=quant_plan(hf, spec, load_tokenizer(spec), config, recipe.kept_layers))
+                          plan=quant_plan(hf, spec, tokenizer, config, recipe.kept_layers))
     del hf
     trim_heap()  # the fp32 model's pages back to the OS, not kept in the heap for the server's lifetime
-    return engine, load_tokenizer(spec), max_seq_len
+    return engine, tokenizer, max_seq_len
 
 
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
