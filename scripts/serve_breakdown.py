@@ -24,7 +24,7 @@ from autotune.engine import Request  # noqa: E402
 from autotune.gate.corpus import bench_prompts  # noqa: E402
 from autotune.recipes.recipe import load_recipe  # noqa: E402
 from autotune.recipes.target import place  # noqa: E402
-from autotune.serve.app import _engine_for  # noqa: E402
+from autotune.serve.app import engine_for  # noqa: E402
 from autotune.serve.scheduler import PREFILL_CHUNK  # noqa: E402
 
 STAGES = ("offline", "offline-512", "serving", "serving-whole")
@@ -56,7 +56,7 @@ def main() -> int:
         parser.error(f"unknown stages {sorted(unknown)}: choose from {', '.join(STAGES)}")
     recipe = load_recipe(args.recipe)
     workload = Workload(**recipe.data["workload"])
-    engine, tokenizer, max_seq_len = _engine_for(recipe, place(recipe), check_weights=False)
+    engine, tokenizer, max_seq_len = engine_for(recipe, place(recipe), check_weights=False)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     eos = engine.model.eos_token_id

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -140,6 +142,26 @@ def test_health_and_metrics(served):
                  "autotune_kv_pages_in_use"):
         assert name in text
     assert served.get("/nope")[0] == 404
+
+
+def _counter(text: str, name: str) -> float:
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def test_metrics_count_engine_steps_and_the_time_in_them(served):
+    before = served.get("/metrics")[1]
+    started = time.perf_counter()
+    status, _ = served.post("/v1/completions", {"prompt": "one two three", "max_tokens": 9, "min_tokens": 9,
+                                                "ignore_eos": True})
+    wall = time.perf_counter() - started
+    after = served.get("/metrics")[1]
+    assert status == 200
+    # One request alone: its first step prefills and decodes (two tokens), each further step decodes one.
+    steps = _counter(after, "autotune_engine_steps_total") - _counter(before, "autotune_engine_steps_total")
+    busy = (_counter(after, "autotune_engine_busy_seconds_total")
+            - _counter(before, "autotune_engine_busy_seconds_total"))
+    assert steps == 8
+    assert 0 < busy <= wall
 
 
 def test_overload_gets_503_and_the_admitted_requests_finish(recipe_path):

@@ -25,7 +25,7 @@ from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import Limits
 from autotune.serve.scheduler import Scheduler
 
-__all__ = ["build_server", "serve_forever", "placement"]
+__all__ = ["build_server", "serve_forever", "placement", "engine_for"]
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -48,7 +48,9 @@ def placement(recipe: Recipe, draft: bool) -> Placement:
     return where
 
 
-def _engine_for(recipe: Recipe, where: Placement, check_weights: bool):
+def engine_for(recipe: Recipe, where: Placement, check_weights: bool):
+    """The recipe's engine as the server builds it (threads, quantization plan, fusion level), its tokenizer and the
+    context it serves; the fp32 model it was built from is freed."""
     spec = resolve_model(recipe.model)
     if check_weights and recipe.data["model"]["checksum"] != model_checksum(spec):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
@@ -74,7 +76,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     this thread, which built the engine (`server.app.scheduler.run()`; autotune/serve/scheduler.py says why)."""
     where = placement(recipe, draft)
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
-    engine, tokenizer, max_seq_len = _engine_for(recipe, where, check_weights=not force)
+    engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force)
     scheduler = Scheduler(engine, max_seq_len, max_queue)
     started = time.perf_counter()
     if engine_here:

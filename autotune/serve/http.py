@@ -109,7 +109,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"status": "ok", **app.info, **app.scheduler.gauges})
         elif path == "/metrics":
             app.metrics.count(path, 200)
-            text = app.metrics.render(app.scheduler.gauges, app.scheduler.batch_size, app.scheduler.steps)
+            text = app.metrics.render(app.scheduler.gauges, app.scheduler.batch_size, app.scheduler.steps,
+                                      app.scheduler.busy_s)
             self._send(200, text.encode(), "text/plain; version=0.0.4")
         elif path == "/v1/models":
             app.metrics.count(path, 200)

@@ -22,7 +22,7 @@ class ServerMetrics:
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += generation_tokens
 
-    def render(self, gauges: dict[str, int], batch_size: int, steps: int) -> str:
+    def render(self, gauges: dict[str, int], batch_size: int, steps: int, busy_s: float) -> str:
         with self._lock:
             requests = sorted(self.requests.items())
             prompt, generated = self.prompt_tokens, self.generation_tokens
@@ -33,6 +33,8 @@ class ServerMetrics:
             ("autotune_prompt_tokens_total", prompt, "counter", "Prompt tokens of answered requests."),
             ("autotune_generation_tokens_total", generated, "counter", "Tokens generated for answered requests."),
             ("autotune_engine_steps_total", steps, "counter", "Engine steps (prefill and/or decode) run."),
+            ("autotune_engine_busy_seconds_total", round(busy_s, 6), "counter",
+             "Wall time spent inside engine steps (the rest the engine waited for requests)."),
             ("autotune_queue_depth", gauges["queue_depth"], "gauge", "Requests waiting for a batch row."),
             ("autotune_running_requests", gauges["running"], "gauge", "Requests in the running batch."),
             ("autotune_batch_size", batch_size, "gauge", "The recipe's maximum batch size."),

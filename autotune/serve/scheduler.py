@@ -71,6 +71,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.gauges = {"queue_depth": 0, "running": 0, "kv_pages_in_use": 0, "kv_pages_total": 0}
         self.steps = 0
+        self.busy_s = 0.0  # wall time inside engine steps: with the wall clock, how much of it the engine worked
 
     def _new_runner(self) -> Runner:
         batch = self.engine.config.batch_size
@@ -148,9 +149,11 @@ class Scheduler:
             for h in self._live:
                 if h.cancel_reason and h.completion is not None and not h.completion.finish_reason:
                     h.completion.finish_reason = h.cancel_reason
+            started = time.perf_counter()
             try:
                 self._runner.step()
                 self.steps += 1
+                self.busy_s += time.perf_counter() - started
             except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the server
                 log(f"serve: engine step failed: {type(exc).__name__}: {exc}")
                 self._fail_all(f"engine error: {type(exc).__name__}: {exc}")
