@@ -58,28 +58,30 @@ def _offline_worker(recipe: Recipe) -> int:
     return 0
 
 
+def _echo_until(proc: subprocess.Popen, label: str, done) -> str:
+    """Echo `proc`'s output lines under `label` until one satisfies `done`, which is returned, not echoed."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip()
+        if done(line):
+            return line
+        print(f"  {label}:", line, flush=True)
+    raise SystemExit(f"the {label} process exited ({proc.wait()})")
+
+
 class _Offline:
     """The offline process, driven one timed run at a time; its log lines are echoed."""
 
     def __init__(self, recipe: str) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, recipe, "--offline-worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._until(lambda line: line == "ready")
-
-    def _until(self, done) -> str:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip()
-            if done(line):
-                return line
-            print("  offline:", line, flush=True)
-        raise SystemExit(f"the offline process exited ({self.proc.wait()})")
+        _echo_until(self.proc, "offline", lambda line: line == "ready")
 
     def run(self) -> dict:
         assert self.proc.stdin is not None
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return json.loads(self._until(lambda line: line.startswith("{")))
+        return json.loads(_echo_until(self.proc, "offline", lambda line: line.startswith("{")))
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -91,12 +93,8 @@ def _serve(recipe: str, port: int) -> subprocess.Popen:
     """`autotune serve` in its own process; returns once it prints that it is serving (build and warm-up done)."""
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", recipe, "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print("  serve:", line.rstrip(), flush=True)
-        if line.startswith("serving "):
-            return proc
-    raise SystemExit(f"autotune serve exited ({proc.wait()}) before serving")
+    print("  serve:", _echo_until(proc, "serve", lambda line: line.startswith("serving ")), flush=True)
+    return proc
 
 
 def _engine_counters(port: int) -> tuple[float, float]:

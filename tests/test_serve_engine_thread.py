@@ -15,8 +15,8 @@ from autotune.recipes.recipe import load_recipe
 from autotune.serve import build_server
 from autotune.serve.loadtest import one_request
 
-BODY = {"model": "m", "prompt": "The licence grants", "max_tokens": 6, "min_tokens": 6, "ignore_eos": True, "stream": True,
-        "temperature": 0.0, "stream_options": {"include_usage": True}}
+BODY = {"model": "m", "prompt": "The licence grants", "max_tokens": 6, "min_tokens": 6, "ignore_eos": True,
+        "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
 
 
 def test_the_engine_loop_runs_on_the_calling_thread(tmp_path, decided_model_folder, monkeypatch):
@@ -36,8 +36,7 @@ def test_the_engine_loop_runs_on_the_calling_thread(tmp_path, decided_model_fold
 
     def client() -> None:
         try:
-            outcomes.extend(one_request("127.0.0.1", server.server_address[1], BODY)
-                            for _ in range(2))
+            outcomes.extend(one_request("127.0.0.1", server.server_address[1], BODY) for _ in range(2))
         finally:
             scheduler.stop()
 
