@@ -1,6 +1,6 @@
 """Fit the simulator's efficiency factors and write them into hardware/<profile>.yaml (`calibration`).
 
-    python scripts/calibrate_sim.py                                   # published figures (FACTS.md)
+    python scripts/calibrate_sim.py                                   # published figures (hardware/anchors/published.yaml)
     python scripts/calibrate_sim.py --cpu-storage sqlite:///studies/X.db   # and cpu-local on CPU trials
 
 ascend910 is fitted on the reference deployment's batch-1 figures only; a100-80g and h100 on their published

@@ -3,7 +3,7 @@ windows and drift), compile (dynamo + inductor, from torch's own compile timers)
 runs), and how many graphs were compiled. Each configuration runs in a fresh process against a fresh compiler
 cache, as a trial of a cold search does.
 
-    python scripts/trial_cost.py [--configs bf16/O0 bf16/O1/split=4 bf16/O2/split=4] [--repeats 3]
+    python scripts/trial_cost.py [--configs fp32/O0 bf16/O1/split=4 w8a16@fp32/O0] [--repeats 3]
 
 Run it against another checkout (PYTHONPATH=/path/to/other/tree) to compare two versions side by side."""
 from __future__ import annotations
@@ -24,8 +24,10 @@ DEFAULT = ("bf16/O0", "bf16/O1/split=4", "bf16/O2/split=4")
 
 
 def _params(label: str, batch: int, page: int, threads: int) -> dict:
-    quant, level, *rest = label.split("/")
-    params = {"quant": quant, "fusion_level": level, "batch_size": batch, "page_size": page,
+    """"fp32/O1/split=4" (quant none in fp32) or "w8a16@fp32/O0" (a scheme at a precision)."""
+    scheme, level, *rest = label.split("/")
+    quant, _, dtype = scheme.partition("@") if "@" in scheme else ("none", "", scheme)
+    params = {"quant": quant, "dtype": dtype, "fusion_level": level, "batch_size": batch, "page_size": page,
               "kv_policy": "on_demand", "device_power": threads}
     for item in rest:
         key, _, value = item.partition("=")

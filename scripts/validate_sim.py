@@ -2,7 +2,7 @@
 
     python scripts/validate_sim.py [--cpu-storage sqlite:///studies/X.db] [--loo]
 
-1. Published figures (FACTS.md, hardware/anchors/published.yaml) against the calibrated profiles. These figures
+1. Published figures (hardware/anchors/published.yaml, with their sources) against the calibrated profiles. These figures
    are also what calibrated the profiles (in-sample); --loo refits each profile without one figure at a time
    and predicts that figure (held out), where a profile has more than one figure.
 2. SmolLM2 on this machine's CPU backend: every completed trial of the storage against cpu-local (goal: median
@@ -52,7 +52,7 @@ def _held_out(profile_name: str, anchors: list[Anchor], fit: list[str], key) -> 
 
 
 def published(loo: bool) -> None:
-    print("== published figures (FACTS.md) vs simulated; in-sample: these figures calibrated the profile ==")
+    print("== published figures vs simulated; in-sample: these figures calibrated the profile ==")
     print(f"{'model':<12} {'configuration':<50} {'metric':<16} {'reference':>9} {'predicted':>9} {'':7}  held out")
     for group in published_groups():
         profile = load_profile(group.profile)
@@ -61,13 +61,13 @@ def published(loo: bool) -> None:
         print(f"-- {profile.label}: {group.source}")
         for i, (a, pred) in enumerate(anchor_errors(profile, anchors)):
             print(_row(a, pred, held.get(i)))
-    # FACTS.md's roofline statement: 7B W8A16 weights over 1.2 TB/s ~ 5.8 ms per token on a 910.
+    # The roofline of batch-1 decode: 7B W8A16 weights (~7 GB) over the 910's ~1.2 TB/s ~ 5.8 ms per token.
     from autotune.models.registry import resolve_model
     from autotune.sim.cost import streamed_weight_bytes
 
     ideal = streamed_weight_bytes(resolve_model("llama-7b"), "w8a16") / (load_profile("ascend910").bandwidth_gbs * 1e9)
     print(f"roofline check: llama-7b w8a16 weight bytes / 910 peak bandwidth = {ideal * 1e3:.2f} ms per token "
-          f"(FACTS.md: ~5.8 ms; {_err(ideal * 1e3, 5.8) * 100:+.0f}%)")
+          f"(the roofline estimate: ~5.8 ms; {_err(ideal * 1e3, 5.8) * 100:+.0f}%)")
 
 
 def cpu(storage: str, loo: bool) -> None:

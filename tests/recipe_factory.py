@@ -54,7 +54,7 @@ def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-c
 
 
 def config(**kw) -> dict:
-    return DeployConfig(**{"batch_size": 4, "page_size": 16, **kw}).to_dict()
+    return DeployConfig.from_dict({"batch_size": 4, "page_size": 16, **kw}).to_dict()
 
 
 def tiny_recipe(tmp: Path, model: Path, **config_kw) -> Path:

@@ -20,7 +20,7 @@ def _windows(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
 def test_full_precision_engine_agrees_with_the_reference(tiny_llama):
     windows, prompts = _windows(tiny_llama.config.vocab_size)
     ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=24)
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     gate = evaluate_gate(engine, ref, windows, prompts)
     assert gate.positions == 3 * 63
     assert gate.tie_aware_agreement == 1.0 and gate.raw_agreement == 1.0 and gate.passed
@@ -33,7 +33,7 @@ def test_full_precision_engine_agrees_with_the_reference(tiny_llama):
 def test_damaged_numerics_fail_the_gate(tiny_llama):
     windows, prompts = _windows(tiny_llama.config.vocab_size)
     ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=16)
-    engine = build_engine(tiny_llama, DeployConfig(), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(dtype="fp32"))
     with torch.no_grad():  # as if a quantizer had lost half of the hidden features before the head
         # On a copy: an fp32 engine's weights are the model's own tensors, and the model is the session's fixture.
         engine.model.final_norm = torch.nn.Parameter(engine.model.final_norm.clone(), requires_grad=False)
@@ -51,7 +51,7 @@ def test_tie_epsilon_forgives_only_near_ties(tiny_llama):
     other (a decided position). min_agreement 0: every window is scored, none stops the gate early."""
     windows, prompts = _windows(tiny_llama.config.vocab_size)
     ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=8)
-    engine = build_engine(tiny_llama, DeployConfig(), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(dtype="fp32"))
     top_ids, top_logprobs = ref.top_ids.clone(), ref.top_logprobs.clone()
     for position, (first, second) in ((10, (0.50, 0.48)), (100, (0.70, 0.20))):
         top_ids[position, :2] = top_ids[position, [1, 0]]

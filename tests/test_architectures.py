@@ -32,7 +32,7 @@ def _prompts(vocab: int, lengths=(5, 17, 33, 12)) -> list[list[int]]:
 
 
 def _engine_greedy(model, prompts: list[list[int]], new: int, batch_size: int, page_size: int) -> list[list[int]]:
-    engine = build_engine(model, DeployConfig(batch_size=batch_size, page_size=page_size), dtype=torch.float32)
+    engine = build_engine(model, DeployConfig(batch_size=batch_size, page_size=page_size, dtype="fp32"))
     # As generate's min_new_tokens: end-of-sequence cannot be chosen before the minimum.
     requests = [Request(p, new, min_new_tokens=new, eos_token_id=engine.model.eos_token_id) for p in prompts]
     return [c.output_ids for c in engine.runner(max_seq_len=64).run(requests)]
@@ -63,7 +63,7 @@ def test_teacher_forced_logits_match_transformers_fp32(variant):
     ids = torch.tensor(_prompts(model.config.vocab_size, lengths=(40, 40)))
     with torch.no_grad():
         expected = model(ids).logits
-    engine = build_engine(model, DeployConfig(batch_size=2), dtype=torch.float32)
+    engine = build_engine(model, DeployConfig(batch_size=2, dtype="fp32"))
     runner = engine.runner(max_seq_len=40, max_batch=2)
     for i in range(2):
         runner.cache.allocate(i, 40)
@@ -82,7 +82,7 @@ def _gate_text(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
 def _bf16_gate(model, damage=None):
     windows, prompts = _gate_text(model.config.vocab_size)
     reference = compute_reference(model, windows, prompts, drift_tokens=16)
-    engine = build_engine(model, DeployConfig(quant="bf16", fusion_level="O0", batch_size=2), dtype=torch.bfloat16)
+    engine = build_engine(model, DeployConfig(quant="none", fusion_level="O0", batch_size=2, dtype="bf16"))
     if damage is not None:
         damage([layer for segment in engine.model.segments for layer in segment.layers])
     return reference, evaluate_gate(engine, reference, windows, prompts)
@@ -162,4 +162,4 @@ def test_an_unsupported_architecture_is_refused_by_the_engine():
     config = MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=2)
     with pytest.raises(UnsupportedModel, match="'mixtral'.*mixture of experts.*supported: llama"):
-        build_engine(MixtralForCausalLM(config).eval(), DeployConfig(), dtype=torch.float32)
+        build_engine(MixtralForCausalLM(config).eval(), DeployConfig(dtype="fp32"))

@@ -54,7 +54,7 @@ def test_adapt_space_records_every_removal(backend):
             continue
         kept = adapted.dimension(dim.name).values
         assert set(kept) <= set(dim.values), f"{dim.name} gained values"
-        if kept != dim.values:
+        if set(kept) != set(dim.values):  # reordered (fastest first) is not restricted
             assert adapted.dropped.get(dim.name), f"{dim.name} restricted without a reason"
     assert adapted.grid_size() >= 1
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from autotune.config.deploy import DeployConfig
+from autotune.engine import build as build_module
 from autotune.engine import build_engine
 from autotune.engine.calibrated import QuantPlan
 from autotune.engine.quant import decoder_linear_names
@@ -27,7 +28,7 @@ def _samples(vocab: int, count: int = 4) -> list[list[int]]:
 
 def _engine_inputs(hf, samples: list[list[int]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(layer name -> input [tokens, in] of the engine's fp32 linear, layer name -> its weight), from one prefill."""
-    engine = build_engine(hf, DeployConfig(batch_size=len(samples)), dtype=torch.float32)
+    engine = build_engine(hf, DeployConfig(batch_size=len(samples), dtype="fp32"))
     names = decoder_linear_names(engine.model)
     seen: dict[str, torch.Tensor] = {}
     handles = [engine.model.get_submodule(fqn).register_forward_hook(
@@ -47,7 +48,9 @@ def _engine_inputs(hf, samples: list[list[int]]) -> tuple[dict[str, torch.Tensor
 
 
 @pytest.mark.parametrize("variant", list(ARCHITECTURE_VARIANTS))
-def test_statistics_and_weights_are_those_of_the_engine_layers(variant):
+def test_statistics_and_weights_are_those_of_the_engine_layers(variant, monkeypatch):
+    # The hooks read plain nn.Linear layers; an fp32 O0 build would hold oneDNN-prepacked ones (opaque weights).
+    monkeypatch.setattr(build_module, "prepack_available", lambda: False)
     hf = make_tiny(variant)
     samples = _samples(hf.config.vocab_size)
     stats = collect_statistics(hf, samples, batch_size=2)

@@ -16,7 +16,7 @@ def test_split_only_with_fusion():
 @pytest.mark.parametrize("bad", [{"quant": "fp8"}, {"batch_size": 0}, {"kv_policy": "lazy"}, {"page_size": -4}])
 def test_invalid_values_are_refused(bad):
     with pytest.raises(ValueError):
-        DeployConfig(**bad)
+        DeployConfig.from_dict(bad)
 
 
 def test_numerics_key_ignores_speed_knobs():

@@ -14,6 +14,7 @@ from autotune.config.deploy import DeployConfig
 from autotune.devices.cuda import CudaDevice, mark_pools_static
 from autotune.devices.npu_graph import POOL_PAGE_DIM, torchair_compile
 from autotune.devices.segment_calls import before_each_call
+from autotune.engine import build as build_module
 from autotune.engine import Request, build_engine
 
 
@@ -28,8 +29,8 @@ def _run(tiny_llama, wrap) -> None:
     """Generate through an eager engine whose segment entries are replaced by `wrap(entry, name)`. The on_demand
     cache starts with 2 usable pages of 8 tokens, which the prompts (7 and 8 tokens) fill: the pools grow while
     they decode."""
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="on_demand"),
-                          dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="on_demand",
+                                                dtype="fp32"))
     for segment in engine.model.segments:
         segment.prefill = wrap(segment.prefill, "prefill")
         segment.decode = wrap(segment.decode, "decode")
@@ -93,7 +94,9 @@ def _symbolic(gm) -> dict[str, set[int]]:
     return out
 
 
-def test_torchair_gets_a_dynamic_prefill_and_static_decode_graphs(tiny_llama):
+def test_torchair_gets_a_dynamic_prefill_and_static_decode_graphs(tiny_llama, monkeypatch):
+    # The CPU's eager fp32 build prepacks its linears for oneDNN; an accelerator's build never does.
+    monkeypatch.setattr(build_module, "prepack_available", lambda: False)
     graphs: dict[str, list] = {"prefill": [], "decode": []}
     decode_pages: set[int] = set()
 

@@ -30,6 +30,7 @@ from autotune.engine.int_mm import INT_MM_MIN_ROWS, RowPadded, pad_rows
 from autotune.engine.model import EngineModel
 from autotune.engine.quant import W8A16, Baseline, decoder_linear_names
 from autotune.errors import TrialFailure
+from autotune.probe.accelerators import cuda_capabilities
 from autotune.space.search_space import load_space
 from autotune.trial.child import address_space_limited
 
@@ -46,7 +47,7 @@ def test_torchair_settings_per_fusion_level():
 
 
 def test_npu_quant_ops_cover_every_scheme_or_say_why_not():
-    assert npu_quant_op("bf16") is None
+    assert npu_quant_op("none") is None
     assert npu_quant_op("w8a16") == ("npu_weight_quant_batchmatmul",)
     assert npu_quant_op("w8a8") == ("npu_dynamic_quant", "npu_quant_matmul")
     for scheme in QUANT_SCHEMES:
@@ -113,8 +114,11 @@ def test_cuda_compile_passes_each_level_to_torch_compile(monkeypatch):
     assert CUDA_COMPILE["O0"] is None and device.compile_options("O2") is CUDA_COMPILE["O2"]
 
 
-def test_cuda_space_drops_power_with_reason():
+def test_cuda_space_drops_power_with_reason(monkeypatch):
+    # An A100's capabilities, without the GPU: every precision stays, bf16 first.
+    monkeypatch.setattr(CudaDevice, "capabilities", lambda self: cuda_capabilities("A100", (8, 0)))
     space = CudaBackend().adapt_space(load_space())
+    assert space.dimension("dtype").values == ("bf16", "fp16", "fp32")
     assert "device_power" not in {d.name for d in space.dimensions}
     assert "nvidia-smi" in space.dropped["device_power"]
     assert space.dimension("quant").values == load_space().dimension("quant").values
@@ -128,7 +132,7 @@ def test_cuda_quantizers_per_scheme():
     device = CudaDevice()
     assert type(device.quantizer("w8a8")) is CudaW8A8  # rows padded for cuBLAS's int8 GEMM
     assert type(device.quantizer("w4a16")) is CudaW4A16  # a group size per layer, tinygemm's layout
-    assert type(device.quantizer("w8a16")) is W8A16 and type(device.quantizer("bf16")) is Baseline
+    assert type(device.quantizer("w8a16")) is W8A16 and type(device.quantizer("none")) is Baseline
     assert set(CUDA_QUANTIZERS) == set(QUANT_SCHEMES)
 
 

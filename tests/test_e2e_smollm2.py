@@ -33,7 +33,7 @@ def test_baseline_engine_gives_transformers_greedy_tokens(smollm2):
                              max_new_tokens=new, min_new_tokens=new, do_sample=False)
         expected.append(out[0, len(p):].tolist())
     for batch_size, page_size in ((1, 16), (4, 128), (8, 16), (8, 128)):
-        engine = build_engine(model, DeployConfig(batch_size=batch_size, page_size=page_size), dtype=torch.float32)
+        engine = build_engine(model, DeployConfig(batch_size=batch_size, page_size=page_size, dtype="fp32"))
         outs = engine.runner(max_seq_len=96).run(
             [Request(p, new, min_new_tokens=new, eos_token_id=engine.model.eos_token_id) for p in prompts])
         assert [o.output_ids for o in outs] == expected, (batch_size, page_size)
@@ -59,7 +59,7 @@ def test_search_end_to_end_with_resume(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(
         "dimensions:\n"
-        "  quant: {values: [bf16, w8a8]}\n"
+        "  quant: {values: [none, w8a8]}\n"
         "  fusion_level: {values: [O0]}\n"
         "  batch_size: {values: [4]}\n"
         "  page_size: {values: [16, 64]}\n"

@@ -22,8 +22,8 @@ def _prompts(vocab: int, lengths=(5, 17, 33, 9, 24)) -> list[list[int]]:
 def test_greedy_matches_transformers_fp32(tiny_llama, batch_size, page_size, policy):
     prompts = _prompts(tiny_llama.config.vocab_size)
     expected = hf_greedy(tiny_llama, prompts, 20)
-    config = DeployConfig(batch_size=batch_size, page_size=page_size, kv_policy=policy)
-    engine = build_engine(tiny_llama, config, dtype=torch.float32)
+    config = DeployConfig(batch_size=batch_size, page_size=page_size, kv_policy=policy, dtype="fp32")
+    engine = build_engine(tiny_llama, config)
     runner = engine.runner(max_seq_len=64)
     outs = runner.run([Request(p, 20, min_new_tokens=20) for p in prompts])
     assert [o.output_ids for o in outs] == expected
@@ -33,8 +33,8 @@ def test_greedy_matches_transformers_fp32(tiny_llama, batch_size, page_size, pol
 def test_compiled_segments_match_transformers(tiny_llama, level):
     prompts = _prompts(tiny_llama.config.vocab_size)
     expected = hf_greedy(tiny_llama, prompts, 12)
-    config = DeployConfig(fusion_level=level, layers_per_subgraph=2, batch_size=4, page_size=8)
-    engine = build_engine(tiny_llama, config, dtype=torch.float32)
+    config = DeployConfig(fusion_level=level, layers_per_subgraph=2, batch_size=4, page_size=8, dtype="fp32")
+    engine = build_engine(tiny_llama, config)
     assert len(engine.model.segments) == 2
     outs = engine.runner(max_seq_len=64).run([Request(p, 12, min_new_tokens=12) for p in prompts])
     assert [o.output_ids for o in outs] == expected
@@ -51,7 +51,7 @@ def test_segments_follow_layers_per_subgraph(tiny_llama):
 
 
 def test_batching_runs_batch_size_rows_together(tiny_llama):
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=3), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=3, dtype="fp32"))
     runner = engine.runner(max_seq_len=64)
     seen: list[int] = []
     original = engine.model.decode
@@ -67,7 +67,7 @@ def test_batching_runs_batch_size_rows_together(tiny_llama):
 
 
 def test_stop_on_eos_and_sampling_is_seeded(tiny_llama):
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     from autotune.engine import Sampling
 
     prompt = _prompts(512)[1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from autotune.benchmark.bench import benchmark_engine
+from autotune.benchmark.policy import RunPolicy
 from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.engine import build_engine
@@ -29,10 +30,10 @@ def _damaged(engine) -> None:
 def test_a_gate_that_cannot_pass_stops_early_and_a_pass_sees_every_position(tiny_llama):
     windows, prompts = _text(tiny_llama.config.vocab_size)
     ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=12)
-    exact = evaluate_gate(build_engine(tiny_llama, DeployConfig(), dtype=torch.float32), ref, windows, prompts)
+    exact = evaluate_gate(build_engine(tiny_llama, DeployConfig(dtype="fp32")), ref, windows, prompts)
     assert exact.passed and not exact.stopped_early and exact.positions == 6 * 63
     assert exact.decode_agreement == 1.0 and exact.decode_raw_agreement == 1.0 and exact.decode_positions == 2 * 12
-    damaged = build_engine(tiny_llama, DeployConfig(), dtype=torch.float32)
+    damaged = build_engine(tiny_llama, DeployConfig(dtype="fp32"))
     _damaged(damaged)
     gate = evaluate_gate(damaged, ref, windows, prompts)
     # Two windows held more misses than a pass over six allows (1.9 at 0.995): the rest was not run.
@@ -43,7 +44,7 @@ def test_a_gate_that_cannot_pass_stops_early_and_a_pass_sees_every_position(tiny
 def test_the_decode_check_catches_a_decode_path_that_the_windows_never_run(tiny_llama):
     windows, prompts = _text(tiny_llama.config.vocab_size, windows=2)
     ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=16)
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=4), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, dtype="fp32"))
     for segment in engine.model.segments:  # a broken decode graph; prefill (the windows) untouched
         segment.decode = lambda x, step, k, v, run=segment.decode: run(x, step, k, v) * 0.0
     seen: list[int] = []
@@ -72,8 +73,16 @@ def test_a_clearly_dominated_configuration_stops_its_repeats(tiny_llama):
     # Within the run-to-run noise (20%): not clearly dominated.
     near = [{"number": 1, "throughput_tok_s": 11.0, "tpot_p99_ms": 4.5, "peak_memory_mb": 90.0}]
     assert dominated_cut(near)({"throughput_tok_s": 10.0, "tpot_p99_ms": 5.0, "peak_memory_mb": 100.0}) is None
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     workload = Workload(num_requests=2, prompt_min=8, prompt_max=8, output_tokens=4)
-    bench = benchmark_engine(engine, [[5] * 8, [6] * 8], workload, repeats=3, warmup=1, base_rss=0,
+    bench = benchmark_engine(engine, [[5] * 8, [6] * 8], workload, policy=RunPolicy(), base_rss=0,
                              cut=dominated_cut(front))
-    assert bench["repeats"] == 1 and "stopped after 1 of 3 timed runs" in bench["repeats_cut"]
+    assert bench["repeats"] == 1 and "stopped after 1 of 3 runs" in bench["repeats_cut"]
+    # With a wave smaller than the workload, the screening wave alone decides: the whole workload never runs.
+    four = Workload(num_requests=4, prompt_min=8, prompt_max=8, output_tokens=4)
+    screened = benchmark_engine(engine, [[5] * 8, [6] * 8, [7] * 8, [8] * 8], four,
+                                policy=RunPolicy(screen=True), base_rss=0, cut=dominated_cut(front))
+    assert screened["repeats"] == 0 and "trial #3" in screened["screened_out"]
+    kept = benchmark_engine(engine, [[5] * 8, [6] * 8, [7] * 8, [8] * 8], four, policy=RunPolicy(screen=True),
+                            base_rss=0, cut=dominated_cut(near))
+    assert "screened_out" not in kept and kept["repeats"] >= 1 and kept["repeats_stop"]

@@ -13,7 +13,9 @@ from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 from autotune.trial.job import JobResult, Status
 
-SPACE = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "this test's machine has 2 cores")
+# fp32: what every CPU computes natively, so that cpu-local (this machine's probe) predicts every point.
+SPACE = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "this test's machine has 2 cores").restrict(
+    "dtype", ("fp32",), "every CPU computes fp32")
 PASS = {"tie_aware_agreement": 0.999, "raw_agreement": 0.97, "passed": True, "min_agreement": 0.995}
 FAIL_EARLY = {"tie_aware_agreement": 0.90, "raw_agreement": 0.85, "passed": False, "min_agreement": 0.995,
               "stopped_early": True}
@@ -49,9 +51,9 @@ def test_speed_turns_exploit_schemes_known_to_pass_and_refit_on_what_was_measure
     prior = guide.profile.factors
     params, predicted = guide.next_params(study, turn=0)  # a throughput turn
     assert guide.fitted_on == 1 and guide.profile.factors != prior  # refitted on the measured baseline
-    assert params["quant"] == "bf16" and params != SPACE.baseline_params()
+    assert params["quant"] == "none" and params != SPACE.baseline_params()
     # It is the predicted best of the untried bf16 configurations.
-    best = max((p for p in SPACE.grid() if p["quant"] == "bf16" and p != SPACE.baseline_params()),
+    best = max((p for p in SPACE.grid() if p["quant"] == "none" and p != SPACE.baseline_params()),
                key=lambda p: guide_predict(guide, p))
     assert abs(predicted["throughput_tok_s"] - guide_predict(guide, best)) < 1e-6 * max(1.0, guide_predict(guide, best))
 
@@ -75,7 +77,7 @@ def test_an_unknown_scheme_is_probed_eagerly_and_a_failed_scheme_is_left_out(tin
         picked, _ = guide.next_params(study, turn)
         assert picked["quant"] != "w8a8"
         if turn % 4 != 3:  # speed turns take only what is known to pass
-            assert picked["quant"] == "bf16"
+            assert picked["quant"] == "none"
 
 
 class _Scripted(ScriptedBackend):
@@ -84,7 +86,7 @@ class _Scripted(ScriptedBackend):
     name = "cpu"
 
     def run(self, job, timeout_s):
-        config = DeployConfig(**job.config)
+        config = DeployConfig.from_dict(job.config)
         return JobResult(Status.OK, gate=PASS, bench=_bench(100.0 + config.batch_size))
 
 
@@ -95,7 +97,7 @@ def test_run_search_mixes_guided_trials_with_the_samplers(tmp_path, tiny_model_f
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
     settings = SearchSettings(model=str(tiny_model_folder), study="g", storage=url, trials=7, sampler_share=3)
-    run_search(settings, SPACE, _Scripted(), study, SPACE.baseline_params())
+    run_search(settings, SPACE, _Scripted(), study)
     roles = [t.user_attrs.get("role") for t in study.trials]
     assert roles[0] == "baseline"
     # After the baseline: two guided, one the sampler's, and so on.

@@ -43,7 +43,7 @@ def test_faulty_trials_fail_with_their_reason_and_the_study_completes(tmp_path, 
     space = backend.adapt_space(space)
     settings = SearchSettings(model="llama-7b", study=name, storage=url, trials=8, trial_timeout_s=4.0,
                               trial_memory_mb=400)
-    run_search(settings, space, backend, study, base)
+    run_search(settings, space, backend, study)
     trials = {DeployConfig.from_params(t.params).label(): t for t in study.trials}
     reasons = {f: trials[DeployConfig.from_params(p).label()].user_attrs["reason"] for f, p in faulty.items()}
     assert "SIGSEGV" in reasons["segfault"] and "segmentation fault" in reasons["segfault"]

@@ -52,7 +52,7 @@ def test_pool_admits_only_what_fits_together_and_never_runs_out(tiny_llama):
     from autotune.config.deploy import DeployConfig
     from autotune.engine import Request, build_engine
 
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=8, kv_policy="pool"), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=8, kv_policy="pool", dtype="fp32"))
     # Room for 5 pages of 8 tokens; each request may reach 20 tokens (3 pages): one at a time, not 4.
     runner = engine.runner(max_seq_len=24, pool_tokens=40)
     outs = runner.run([Request([5, 6, 7, 8], 16, min_new_tokens=16) for _ in range(4)])
@@ -64,7 +64,7 @@ def test_a_request_larger_than_the_pool_is_refused_clearly(tiny_llama):
     from autotune.config.deploy import DeployConfig
     from autotune.engine import Request, build_engine
 
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="pool"), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=8, kv_policy="pool", dtype="fp32"))
     runner = engine.runner(max_seq_len=64, pool_tokens=16)
     with pytest.raises(OutOfPages, match="needs"):
         runner.run([Request([5] * 30, 40)])  # 70 tokens: more than the 64 the pool was sized for

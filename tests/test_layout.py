@@ -15,8 +15,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "progress", "paths", "redact", "host"),
     ("config",),
     ("models", "space"),
-    ("engine", "sim"),
-    ("gate", "benchmark"),
+    ("engine",),
+    ("probe",),
+    ("sim", "gate", "benchmark"),
     ("quant",),
     ("devices",),
     ("trial",),
@@ -33,6 +34,9 @@ LAZY_OK: dict[str, str] = {
     # a backend (the CLI, and the simulator's child process, whose start counts in its trial time) stays light.
     "autotune.devices.cuda": "quantizers load with the build, not with the backend",
     "autotune.devices.npu": "quantizers load with the build, not with the backend",
+    # The probe's module is read by the CPU backend, which must load without torch; the quantizers it times load
+    # only when it measures (once per machine).
+    "autotune.probe.cpu": "quantizers load when the probe measures, not with the backend",
 }
 
 

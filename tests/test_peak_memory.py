@@ -8,11 +8,13 @@ import torch
 
 from autotune.benchmark import bench
 from autotune.benchmark.peak_rss import rss_bytes
+from autotune.benchmark.policy import RunPolicy
 from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.engine import build_engine
 from autotune.results.tables import pareto_table
 
+ONE_RUN = RunPolicy(warmup="short", max_repeats=1)
 _WORKLOAD = Workload(num_requests=2, prompt_min=4, prompt_max=6, output_tokens=3)
 _PROMPTS = [[1, 5, 9, 11], [3, 4, 7, 8, 2, 6]]
 
@@ -20,10 +22,10 @@ _PROMPTS = [[1, 5, 9, 11], [3, 4, 7, 8, 2, 6]]
 @pytest.mark.parametrize("refused", [False, True])
 def test_the_benchmark_records_whether_the_peak_was_reset(tiny_llama, monkeypatch, refused):
     monkeypatch.setattr(bench, "reset_peak", lambda: not refused)
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     results = [
-        bench.benchmark_engine(engine, _PROMPTS, _WORKLOAD, repeats=1, warmup=0, base_rss=rss_bytes()),
-        bench.benchmark_hf_generate(tiny_llama, _PROMPTS, _WORKLOAD, batch_size=2, pad_id=0, repeats=1, warmup=0,
+        bench.benchmark_engine(engine, _PROMPTS, _WORKLOAD, policy=ONE_RUN, base_rss=rss_bytes()),
+        bench.benchmark_hf_generate(tiny_llama, _PROMPTS, _WORKLOAD, batch_size=2, pad_id=0, policy=ONE_RUN,
                                     base_rss=rss_bytes()),
     ]
     for result in results:

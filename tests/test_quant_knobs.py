@@ -25,28 +25,39 @@ from tests.test_study import ScriptedBackend
 
 def test_defaults_keep_digest_label_and_gate_key_of_earlier_configurations():
     config = DeployConfig(quant="w8a8", fusion_level="O2", layers_per_subgraph=4, batch_size=8)
-    before = {k: v for k, v in config.to_dict().items() if k not in ("quant_method", "fallback_layers")}
+    before = {k: v for k, v in config.to_dict().items() if k not in ("quant_method", "fallback_layers", "dtype")}
     assert config.digest() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
-    assert config.label() == "w8a8/O2/split=4/bs=8/page=128/on_demand/power=0"
+    assert config.label() == "w8a8@bf16/O2/split=4/bs=8/page=128/on_demand/power=0"
+    # The scheme "bf16" of before the dtype knob reads as quant none in bf16, with its digest and gate key.
+    legacy = {"quant": "bf16", "fusion_level": "O0", "layers_per_subgraph": None, "batch_size": 8, "page_size": 128,
+              "kv_policy": "on_demand", "device_power": 0}
+    plain = DeployConfig.from_dict(legacy)
+    assert (plain.quant, plain.dtype, plain.label()) == ("none", "bf16", "bf16/O0/bs=8/page=128/on_demand/power=0")
+    assert plain.digest() == hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:12]
+    assert plain.numerics_key() == json.dumps({"quant": "bf16", "fusion_level": "O0", "layers_per_subgraph": None},
+                                              sort_keys=True)
+    assert DeployConfig(quant="none", dtype="fp32").numerics_key() != plain.numerics_key()
+    with pytest.raises(ValueError, match="now quant 'none' with dtype 'bf16'"):
+        DeployConfig(quant="bf16")
     assert config.numerics_key() == json.dumps({"quant": "w8a8", "fusion_level": "O2", "layers_per_subgraph": 4},
                                                sort_keys=True)
     calibrated = DeployConfig(quant="w8a8", quant_method="smoothquant_static", fallback_layers=2)
-    assert calibrated.label().startswith("w8a8+smoothquant_static+fb2/O0/")
+    assert calibrated.label().startswith("w8a8+smoothquant_static+fb2@bf16/O0/")
     assert calibrated.numerics_key() != DeployConfig(quant="w8a8").numerics_key() != DeployConfig(
         quant="w8a8", fallback_layers=2).numerics_key()
-    assert DeployConfig(**{k: v for k, v in calibrated.to_dict().items()}) == calibrated
+    assert DeployConfig.from_dict({k: v for k, v in calibrated.to_dict().items()}) == calibrated
 
 
 @pytest.mark.parametrize("kw, message", [
     ({"quant": "w4a16", "quant_method": "smoothquant_static"}, "quant_method for w4a16"),
     ({"quant": "w8a8", "quant_method": "awq"}, "quant_method for w8a8"),
-    ({"quant": "bf16", "quant_method": "awq"}, "quant_method for bf16"),
-    ({"quant": "bf16", "fallback_layers": 2}, "0 for bf16"),
+    ({"quant": "none", "quant_method": "awq"}, "quant_method for none"),
+    ({"quant": "none", "fallback_layers": 2}, "0 for quant none"),
     ({"quant": "w8a16", "fallback_layers": -1}, "fallback_layers must be >= 0"),
 ])
 def test_methods_are_meaningful_per_scheme(kw, message):
     with pytest.raises(ValueError, match=message):
-        DeployConfig(**kw)
+        DeployConfig.from_dict(kw)
 
 
 def test_the_default_space_searches_methods_per_scheme_under_their_own_optuna_names():
@@ -62,7 +73,7 @@ def test_the_default_space_searches_methods_per_scheme_under_their_own_optuna_na
         params = space.suggest(trial)
         config = DeployConfig.from_params(params)  # every suggestion is a valid configuration
         assert ("quant_method" in params) == (config.quant in ("w8a8", "w4a16"))
-        assert ("fallback_layers" in params) == (config.quant != "bf16")
+        assert ("fallback_layers" in params) == (config.quant != "none")
         assert trial.params == space.trial_params(params)
         seen.add((config.quant, config.quant_method))
         study.tell(trial, 0.0)
@@ -96,7 +107,7 @@ def test_the_simulator_drops_the_knobs_it_has_no_terms_for():
 ])
 def test_space_errors_about_the_new_knobs_name_the_line(tmp_path, text, message):
     path = tmp_path / "space.yaml"
-    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [bf16, w8a8, w4a16]\n  " + text)
+    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [none, w8a8, w4a16]\n  " + text)
     with pytest.raises(SpaceError, match=message):
         load_space(path)
 
@@ -164,8 +175,8 @@ class _CalibratedBackend(ScriptedBackend):
 
     def run(self, job, timeout_s):
         result = super().run(job, timeout_s)
-        config = DeployConfig(**job.config)
-        if config.quant != "bf16" and result.status is not Status.ERROR:
+        config = DeployConfig.from_dict(job.config)
+        if config.quant != "none" and result.status is not Status.ERROR:
             ranking = [[f"layers.{i}.down_proj", 0.1 / (i + 1)] for i in range(8)]
             result.quant = {"method": config.quant_method, "fallback_layers": config.fallback_layers,
                             "calibration": {"samples": 512, "digest": "abc"},
@@ -178,7 +189,7 @@ class _CalibratedBackend(ScriptedBackend):
 def test_the_study_stores_each_sensitivity_once_and_each_trial_its_kept_layers(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "space.yaml"
-    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [bf16, w8a16, w8a8]\n  quant_method:\n"
+    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [none, w8a16, w8a8]\n  quant_method:\n"
                     "    by: quant\n    values: {w8a8: [rtn, smoothquant_dynamic]}\n  fallback_layers:\n"
                     "    values: [0, 2, 4]\n    when: {quant: [w8a16, w8a8]}\n  batch_size:\n    values: [1, 2, 4]\n")
     space = load_space(path)
@@ -187,7 +198,7 @@ def test_the_study_stores_each_sensitivity_once_and_each_trial_its_kept_layers(t
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
     settings = SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=16)
-    run_search(settings, space, _CalibratedBackend(), study, {"quant": "bf16", "batch_size": 1})
+    run_search(settings, space, _CalibratedBackend(), study)
     calibrated = [t for t in study.trials if t.user_attrs.get("quant")]
     assert calibrated, "the random sampler drew quantized trials"
     keys = {f"sensitivity:{t.user_attrs['quant']['sensitivity']['scheme']}:{t.user_attrs['quant']['method']}"

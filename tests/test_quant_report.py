@@ -10,11 +10,11 @@ from autotune.quant.report import Row, format_table, passing_depth, report_confi
 def test_configs_cover_each_meaningful_method_and_depth():
     configs = report_configs()
     labels = [c.scheme_label() for c in configs]
-    assert labels[0] == "bf16" and "w8a16+fb8" in labels and "w4a16+awq+fb2" in labels
-    assert "w8a8+smoothquant_static" in labels and "w8a8+smoothquant_dynamic+fb1" in labels
+    assert labels[0] == "bf16" and "w8a16+fb8@bf16" in labels and "w4a16+awq+fb2@bf16" in labels
+    assert "w8a8+smoothquant_static@bf16" in labels and "w8a8+smoothquant_dynamic+fb1@bf16" in labels
     assert len(configs) == 1 + 5 + 3 * 5 + 2 * 5
-    assert [c.scheme_label() for c in report_configs(("w8a8",), ("smoothquant_static",), (0, 4))] == [
-        "w8a8+smoothquant_static", "w8a8+smoothquant_static+fb4"]
+    assert [c.scheme_label() for c in report_configs(("w8a8",), ("smoothquant_static",), (0, 4), "fp32")] == [
+        "w8a8+smoothquant_static@fp32", "w8a8+smoothquant_static+fb4@fp32"]
 
 
 def test_the_table_says_at_which_depth_each_scheme_passes():
@@ -23,7 +23,7 @@ def test_the_table_says_at_which_depth_each_scheme_passes():
             Row("w4a16", "awq", 0, 0.8, 0.7, 30.0, 24.0, 0.8, False, 100.0)]
     assert passing_depth(rows) == {("w8a8", "rtn"): 4, ("w4a16", "awq"): None}
     table = format_table(rows)
-    assert "| w8a8 | rtn | 4 | 0.9960 |" in table and "w8a8/rtn: passes from fallback 4" in table
+    assert "| w8a8 | bf16 | rtn | 4 | 0.9960 |" in table and "w8a8/rtn: passes from fallback 4" in table
     assert "w4a16/awq: passes at no measured fallback depth" in table
 
 
@@ -31,8 +31,8 @@ def test_cli_measures_the_tiny_model(tiny_model_folder, tmp_path, monkeypatch, c
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(plan_module, "calibration_samples", lambda tok: calibration_samples(tok)[:128])
     code = main(["quant-report", "--model", str(tiny_model_folder), "--schemes", "w8a8",
-                 "--methods", "smoothquant_static", "--fallback", "2"])
+                 "--methods", "smoothquant_static", "--fallback", "2", "--dtype", "fp32"])
     out = capsys.readouterr().out
     assert code == 0
-    assert out.count("\n| w8a8 | smoothquant_static | 2 | 0.") == 1
+    assert out.count("\n| w8a8 | fp32 | smoothquant_static | 2 | 0.") == 1
     assert "w8a8/smoothquant_static: passes" in out

@@ -46,7 +46,7 @@ def test_simulated_study_is_labelled_and_a_one_trial_study_still_reports(tmp_pat
     bench = {"throughput_tok_s": 10.0, "tpot_p99_ms": 5.0, "peak_memory_mb": 100.0, "ttft_p50_ms": 1.0}
     st.add_trial(optuna.trial.create_trial(values=[10.0, 5.0, 100.0], params={"batch_size": 1},
                                            distributions={"batch_size": optuna.distributions.CategoricalDistribution(
-                                               [1, 2])}, user_attrs={"bench": bench, "config": {"quant": "bf16"}}))
+                                               [1, 2])}, user_attrs={"bench": bench, "config": {"quant": "none"}}))
     page = build_report(st, tmp_path / "recipes")
     assert "SIMULATED" in page and "Too few trials" in page
 

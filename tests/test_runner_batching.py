@@ -47,8 +47,8 @@ def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, l
     prompts = _prompts(tiny_llama.config.vocab_size, (*LENGTHS, 12))
     new = [12, 3, 7, 10, 5, 2]  # rows leave at different steps: the running batch shrinks through every bucket
     split = 2 if level != "O0" else None
-    engine = build_engine(tiny_llama, DeployConfig(fusion_level=level, layers_per_subgraph=split, batch_size=8),
-                          dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level=level, layers_per_subgraph=split, batch_size=8,
+                                                dtype="fp32"))
     runner = engine.runner(max_seq_len=64, bucketed=True)
     runner.pad_batch = True  # an eager engine pads as a compiled one does
     seen: list = []
@@ -67,7 +67,7 @@ def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, l
 def test_chunked_prefill_gives_the_tokens_of_whole_prompts(tiny_llama, chunk):
     prompts = _prompts(tiny_llama.config.vocab_size)
     new = [10, 6, 8, 12, 5]  # rows leave at different steps: later prompts arrive while others decode
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=4), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=4, dtype="fp32"))
     whole = [c.output_ids for c in engine.runner(max_seq_len=64).run(_requests(prompts, new))]
     runner = engine.runner(max_seq_len=64, prefill_chunk=chunk)
     forwards: list = []  # (rows, tokens, sequences decoding meanwhile)
@@ -86,7 +86,7 @@ def test_decodes_run_between_the_chunks_of_a_long_prompt(tiny_llama):
     prompt: its tokens keep coming while the long prompt is prefilled."""
     vocab = tiny_llama.config.vocab_size
     short, long = _prompts(vocab, (6, 48))
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=16), dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=16, dtype="fp32"))
     runner = engine.runner(max_seq_len=96, prefill_chunk=8)
     first = runner.submit(Request(short, 12, min_new_tokens=12))
     runner.step()
@@ -108,7 +108,7 @@ def test_chunked_prefill_keeps_windows_softcaps_and_local_rope(variant):
     model = make_tiny(variant)
     prompts = _prompts(model.config.vocab_size, (5, 17, 33, 12))
     expected = hf_greedy(model, prompts, 8)
-    engine = build_engine(model, DeployConfig(batch_size=4, page_size=4), dtype=torch.float32)
+    engine = build_engine(model, DeployConfig(batch_size=4, page_size=4, dtype="fp32"))
     eos = engine.model.eos_token_id
     runner = engine.runner(max_seq_len=64, prefill_chunk=6)
     assert [c.output_ids for c in runner.run(_requests(prompts, [8] * 4, eos))] == expected
@@ -123,8 +123,8 @@ def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
     import torch._dynamo
     import torch._inductor.config
 
-    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O2", layers_per_subgraph=1, batch_size=8),
-                          dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O2", layers_per_subgraph=1, batch_size=8,
+                                                dtype="fp32"))
     seen = {}
 
     def thread() -> None:
@@ -144,8 +144,8 @@ def test_warm_up_compiles_every_graph_serving_meets(tiny_llama):
     prompt, a prompt longer than the prefill chunk (one that would leave a last chunk of one token), every bucket."""
     from torch._dynamo.utils import counters
 
-    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O1", layers_per_subgraph=0, batch_size=4, page_size=8),
-                          dtype=torch.float32)
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level="O1", layers_per_subgraph=0, batch_size=4, page_size=8,
+                                                dtype="fp32"))
     runner = engine.runner(max_seq_len=64, prefill_chunk=16, bucketed=True)
     runner.warm_up(prompt_tokens=4)
     compiled = counters["stats"]["unique_graphs"]

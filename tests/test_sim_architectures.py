@@ -32,7 +32,7 @@ def test_kv_per_token_follows_gqa_and_head_dim():
 def test_tied_embeddings_are_stored_once():
     gemma = resolve_model("gemma-2-9b")
     untied = dataclasses.replace(gemma, tied_embeddings=False)
-    assert weight_bytes(untied, "bf16") - weight_bytes(gemma, "bf16") == gemma.vocab_size * gemma.hidden_size * 2
+    assert weight_bytes(untied, "none") - weight_bytes(gemma, "none") == gemma.vocab_size * gemma.hidden_size * 2
 
 
 @pytest.mark.parametrize("name", ["gemma-2-9b", "mistral-7b", "phi-3-mini", "gemma-3-1b"])
@@ -60,22 +60,22 @@ def test_gemma2_alternating_windows_halve_long_context_kv():
 
 def test_windowed_layers_read_and_attend_within_the_window():
     spec = resolve_model("mistral-7b")  # every layer windowed at 4096
-    near = step_cost(spec, "bf16", False, rows=1, new_tokens=1, context=1000.0, page_size=128)
-    assert near == step_cost(_unwindowed(spec), "bf16", False, rows=1, new_tokens=1, context=1000.0, page_size=128)
-    far = step_cost(spec, "bf16", False, rows=1, new_tokens=1, context=20000.0, page_size=128)
-    farther = step_cost(spec, "bf16", False, rows=1, new_tokens=1, context=30000.0, page_size=128)
+    near = step_cost(spec, "none", False, rows=1, new_tokens=1, context=1000.0, page_size=128)
+    assert near == step_cost(_unwindowed(spec), "none", False, rows=1, new_tokens=1, context=1000.0, page_size=128)
+    far = step_cost(spec, "none", False, rows=1, new_tokens=1, context=20000.0, page_size=128)
+    farther = step_cost(spec, "none", False, rows=1, new_tokens=1, context=30000.0, page_size=128)
     assert far.kv_bytes == farther.kv_bytes and far.attention_flops == farther.attention_flops  # bounded
-    unbounded = step_cost(_unwindowed(spec), "bf16", False, rows=1, new_tokens=1, context=20000.0, page_size=128)
+    unbounded = step_cost(_unwindowed(spec), "none", False, rows=1, new_tokens=1, context=20000.0, page_size=128)
     assert far.kv_bytes < unbounded.kv_bytes / 4 and far.attention_flops < unbounded.attention_flops / 4
     # prefill of a prompt longer than the window: each token attends to at most the window
-    prefill = step_cost(spec, "bf16", False, rows=1, new_tokens=8192, context=0.0, page_size=128)
+    prefill = step_cost(spec, "none", False, rows=1, new_tokens=8192, context=0.0, page_size=128)
     expected = 4 * spec.num_layers * spec.num_heads * spec.head_dim * (4096 * 4097 / 2 + 4096 * 4096)
     assert prefill.attention_flops == pytest.approx(expected)
 
 
 def test_predictions_carry_the_windowed_kv():
     spec, profile = resolve_model("phi-3-mini"), load_profile("h100")  # every layer windowed at 2047
-    config = DeployConfig(quant="bf16", batch_size=8, page_size=128, kv_policy="preallocate")
+    config = DeployConfig(quant="none", batch_size=8, page_size=128, kv_policy="preallocate")
     workload = Workload(num_requests=8, prompt_min=3000, prompt_max=3000, output_tokens=512)
     windowed, full = predict(spec, config, workload, profile), predict(_unwindowed(spec), config, workload, profile)
     assert windowed.kv_reserved_mb == pytest.approx(full.kv_reserved_mb * (8 * 17 + 1) / (8 * 28 + 1))

@@ -22,7 +22,7 @@ def _job(config: DeployConfig, workload: Workload | None = None, model: str = "l
 def test_results_are_labelled_simulated_and_shaped_like_a_trial():
     backend = get_backend("sim", "ascend910")
     assert backend.measured is False
-    result = backend.run(_job(DeployConfig(quant="w8a16")), timeout_s=10)
+    result = backend.run(_job(DeployConfig(quant="w8a16", dtype="fp16")), timeout_s=10)
     assert result.status is Status.OK and result.source == "simulated"
     assert result.profile.startswith("ascend910 v")
     assert BENCH_KEYS <= set(result.bench)
@@ -33,7 +33,8 @@ def test_results_are_labelled_simulated_and_shaped_like_a_trial():
 def test_infeasible_and_unrunnable_jobs_come_back_with_reasons():
     backend = SimBackend("ascend910")
     big = Workload(num_requests=16, prompt_min=1024, prompt_max=1024, output_tokens=1024)
-    result = backend.run(_job(DeployConfig(batch_size=16, kv_policy="preallocate"), big, "llama-13b"), 10)
+    result = backend.run(_job(DeployConfig(batch_size=16, kv_policy="preallocate", dtype="fp16"), big, "llama-13b"),
+                         10)
     assert result.status is Status.INFEASIBLE and "GiB" in result.reason and result.source == "simulated"
     ref = backend.run(Job(kind="reference", model="llama-7b", workload=Workload().to_dict()), 10)
     assert ref.status is Status.ERROR

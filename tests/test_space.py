@@ -11,15 +11,18 @@ from autotune.space.search_space import DEFAULT_SPACE, load_space
 
 def test_default_space_has_every_knob_and_a_valid_baseline():
     space = load_space(DEFAULT_SPACE)
-    assert [d.name for d in space.dimensions] == ["quant", "quant_method", "fallback_layers", "fusion_level",
+    assert [d.name for d in space.dimensions] == ["dtype", "quant", "quant_method", "fallback_layers", "fusion_level",
                                                   "layers_per_subgraph", "batch_size", "page_size", "kv_policy",
                                                   "device_power"]
-    assert {d.name for d in space.dimensions if d.numerics} == {"quant", "quant_method", "fallback_layers",
+    assert {d.name for d in space.dimensions if d.numerics} == {"dtype", "quant", "quant_method", "fallback_layers",
                                                                 "fusion_level", "layers_per_subgraph"}
     base = space.baseline_params()
     assert "layers_per_subgraph" not in base  # eager: the split does not apply
+    # dtype "fastest": the first value, as the backend's probe orders them (unprobed: the file's order)
     assert DeployConfig.from_params(base) == DeployConfig(batch_size=8, page_size=128, kv_policy="on_demand",
-                                                          device_power=8)
+                                                          device_power=8, dtype="bf16")
+    assert [(b.name, b.dtype, b.batch_size) for b in space.speed_baselines] == [("as_loaded", "auto", 8),
+                                                                               ("fastest", "fastest", 8)]
 
 
 def test_conditional_dimension_only_when_fused():
@@ -46,20 +49,20 @@ def test_restrict_records_what_was_dropped_and_why():
 
 
 def test_grid_size_counts_conditional_dimensions_once():
-    # quant variants: bf16 1 + w8a16 5 fallbacks + w8a8 3 methods x 5 + w4a16 2 methods x 5 = 31
+    # dtype 3 x quant variants: none 1 + w8a16 5 fallbacks + w8a8 3 methods x 5 + w4a16 2 methods x 5 = 31
     # x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x power 4
-    assert load_space(DEFAULT_SPACE).grid_size() == (1 + 5 + 3 * 5 + 2 * 5) * (1 + 2 * 5) * 5 * 5 * 3 * 4
+    assert load_space(DEFAULT_SPACE).grid_size() == 3 * (1 + 5 + 3 * 5 + 2 * 5) * (1 + 2 * 5) * 5 * 5 * 3 * 4
 
 
 @pytest.mark.parametrize("text, line, words", [
-    ("dimensions:\n  quant:\n    values: [bf16, fp7]\n", 3, "fp7"),
-    ("dimensions:\n  quant: {values: [bf16]}\n  colour:\n    values: [red]\n", 3, "unknown dimension 'colour'"),
+    ("dimensions:\n  quant:\n    values: [none, fp7]\n", 3, "fp7"),
+    ("dimensions:\n  quant: {values: [none]}\n  colour:\n    values: [red]\n", 3, "unknown dimension 'colour'"),
     ("dimensions:\n  batch_size:\n    values: [8, -1]\n", 3, "-1"),
-    ("dimensions:\n  quant:\n    values: [bf16\n  page_size: 3\n", 4, "not valid YAML"),
+    ("dimensions:\n  quant:\n    values: [none\n  page_size: 3\n", 4, "not valid YAML"),
     ("dimensions:\n  fusion_level: {values: [O0, O1]}\n  layers_per_subgraph:\n    values: [1]\n"
      "    when: {batch_size: [1]}\n", 5, "must be defined above"),
-    ("dimensions:\n  quant: {values: [bf16]}\nbaseline:\n  quant: w8a16\n", 4, "not among"),
-    ("dimensions:\n  quant:\n    values: [bf16]\n    numerics: false\n", 4, "numerics is True"),
+    ("dimensions:\n  quant: {values: [none]}\nbaseline:\n  quant: w8a16\n", 4, "not among"),
+    ("dimensions:\n  quant:\n    values: [none]\n    numerics: false\n", 4, "numerics is True"),
     ("versoin: 1\ndimensions: {}\n", 1, "unknown section 'versoin'"),
 ])
 def test_bad_space_names_file_and_line(tmp_path, text, line, words):

@@ -37,7 +37,7 @@ class ScriptedBackend(Backend):
 
     def run(self, job, timeout_s):
         self.jobs.append(job)
-        config = DeployConfig(**job.config)
+        config = DeployConfig.from_dict(job.config)
         agreement = 0.98 if config.quant == "w8a8" else 0.999
         gate = {"tie_aware_agreement": agreement, "raw_agreement": 0.9, "perplexity": 25.0,
                 "reference_perplexity": 24.9, "kl_divergence": 0.01, "decode_agreement": 0.999,
@@ -76,7 +76,7 @@ def _settings(tmp_path, trials, **kw):
 def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_front(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
-    run_search(_settings(tmp_path, 40), space, backend, study, space.baseline_params())
+    run_search(_settings(tmp_path, 40), space, backend, study)
     states = {t.state for t in study.trials}
     assert optuna.trial.TrialState.PRUNED in states and optuna.trial.TrialState.FAIL in states
     for t in study.trials:
@@ -102,16 +102,16 @@ def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_fr
 def test_baseline_is_the_first_trial(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study = _study(tmp_path)
-    run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study, space.baseline_params())
+    run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study)
     assert study.trials[0].params == space.baseline_params()
     assert study.trials[0].user_attrs["role"] == "baseline"
 
 
 def test_resume_keeps_finished_trials_and_counts_new_ones(tmp_path):
     space = load_space(DEFAULT_SPACE)
-    run_search(_settings(tmp_path, 3), space, ScriptedBackend(), _study(tmp_path), space.baseline_params())
+    run_search(_settings(tmp_path, 3), space, ScriptedBackend(), _study(tmp_path))
     first = [(t.number, t.params, t.values) for t in _study(tmp_path).trials]
-    run_search(_settings(tmp_path, 4), space, ScriptedBackend(), _study(tmp_path), space.baseline_params())
+    run_search(_settings(tmp_path, 4), space, ScriptedBackend(), _study(tmp_path))
     again = _study(tmp_path).trials
     assert len(again) == 7
     assert [(t.number, t.params, t.values) for t in again[:3]] == first
@@ -122,9 +122,9 @@ def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
     base = space.baseline_params()
-    run_search(_settings(tmp_path, 1), space, backend, study, base)
+    run_search(_settings(tmp_path, 1), space, backend, study)
     study.enqueue_trial(base)
-    run_search(_settings(tmp_path, 1), space, backend, study, base)
+    run_search(_settings(tmp_path, 1), space, backend, study)
     assert len(backend.jobs) == 1
     assert study.trials[1].user_attrs["duplicate_of"] == 0 and study.trials[1].values == study.trials[0].values
 
@@ -139,9 +139,9 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
     store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05, backend.name, config.device_power),
                {"tie_aware_agreement": 0.9, "raw_agreement": 0.8})
     study.enqueue_trial(params)
-    run_search(_settings(tmp_path, 2), space, backend, study, space.baseline_params())
+    run_search(_settings(tmp_path, 2), space, backend, study)
     # The baseline ran; the w8a16 trial was decided by the cached gate, without a build.
-    assert [DeployConfig(**j.config).quant for j in backend.jobs] == ["bf16"]
+    assert [DeployConfig.from_dict(j.config).quant for j in backend.jobs] == ["none"]
     gated = next(t for t in study.trials if t.params["quant"] == "w8a16")
     assert gated.state == optuna.trial.TrialState.PRUNED and gated.user_attrs["gate_cached"]
 
@@ -149,8 +149,7 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
 def test_memory_budget_makes_trials_infeasible(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study = _study(tmp_path)
-    run_search(_settings(tmp_path, 15, memory_budget_mb=340.0), space, ScriptedBackend(), study,
-               space.baseline_params())
+    run_search(_settings(tmp_path, 15, memory_budget_mb=340.0), space, ScriptedBackend(), study)
     front = pareto_trials(study)
     assert all(t.user_attrs["bench"]["peak_memory_mb"] <= 340.0 for t in front)
     assert any(t.user_attrs.get("bench", {}).get("peak_memory_mb", 0) > 340.0 for t in study.trials)
@@ -162,7 +161,7 @@ def test_enqueued_trials_do_not_exceed_the_budget(tmp_path):
     base = space.baseline_params()
     for batch_size in (1, 2, 4):
         study.enqueue_trial({**base, "batch_size": batch_size})
-    run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study, base)
+    run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study)
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 2
     assert states.count(optuna.trial.TrialState.WAITING) == 2  # left for the next run, which takes them first
@@ -175,9 +174,9 @@ def test_a_duplicate_is_measured_again_under_other_gate_or_workload_settings(tmp
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
     base = space.baseline_params()
-    run_search(_settings(tmp_path, 1), space, backend, study, base)
+    run_search(_settings(tmp_path, 1), space, backend, study)
     study.enqueue_trial(base)
-    run_search(dataclasses.replace(_settings(tmp_path, 1), **change), space, backend, study, base)
+    run_search(dataclasses.replace(_settings(tmp_path, 1), **change), space, backend, study)
     assert len(backend.jobs) == 2  # the first result was measured under other settings: not reused
     assert "duplicate_of" not in study.trials[1].user_attrs
 

@@ -17,7 +17,7 @@ def _recipe(folder, name, config: DeployConfig) -> None:
 def test_recipes_are_enqueued_once_and_only_if_the_space_holds_them(tmp_path):
     space = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "2 cores")
     folder = tmp_path / "m" / "hw"
-    fused = DeployConfig(quant="bf16", fusion_level="O2", layers_per_subgraph=0, batch_size=8, page_size=64,
+    fused = DeployConfig(quant="none", fusion_level="O2", layers_per_subgraph=0, batch_size=8, page_size=64,
                          device_power=2)
     _recipe(folder, "a.yaml", fused)
     _recipe(folder, "best-throughput.yaml", fused)  # the same configuration under its pick's name
@@ -26,9 +26,9 @@ def test_recipes_are_enqueued_once_and_only_if_the_space_holds_them(tmp_path):
     study = optuna.create_study(directions=["maximize", "minimize", "minimize"])
     assert enqueue_recipes(study, space, tmp_path, "m", "hw") == 1
     waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"quant": "bf16", "fusion_level": "O2", "layers_per_subgraph": "all",
-                                            "batch_size": 8, "page_size": 64, "kv_policy": "on_demand",
-                                            "device_power": 2}]
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [
+        {"dtype": "bf16", "quant": "none", "fusion_level": "O2", "layers_per_subgraph": "all", "batch_size": 8,
+         "page_size": 64, "kv_policy": "on_demand", "device_power": 2}]
     assert waiting[0].user_attrs["role"] == "warm-start"
     assert enqueue_recipes(study, space, tmp_path, "m", "hw") == 0  # already there
     assert enqueue_recipes(study, space, tmp_path, "m", "other-hw") == 0

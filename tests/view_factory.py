@@ -44,7 +44,7 @@ def scripted_study(folder: Path, name: str = "view", trials: int = 24) -> tuple[
         study.set_user_attr(key, value)
     space = load_space(DEFAULT_SPACE)
     settings = SearchSettings(model="m", study=name, storage=url, trials=trials)
-    run_search(settings, space, FullGateBackend(), study, space.baseline_params())
+    run_search(settings, space, FullGateBackend(), study)
     recipes = folder / "recipes"
     write_recipes(study, recipes, url)
     return study, url, recipes

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from autotune.probe.capabilities import Capabilities
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobResult
 
@@ -18,6 +19,8 @@ class Backend(ABC):
       back as a result with status ERROR and its reason, never as an exception. A backend that runs jobs in a
       child process enforces `memory_limit_mb` (None: unlimited) on it.
     - `fingerprint()` describes the hardware and software that produced the figures.
+    - `capabilities()` says what the hardware computes natively (autotune/probe/), as adapt_space used it; None
+      where nothing was probed.
     `measured` is False for backends whose figures are predictions (the simulator)."""
 
     name: str = ""
@@ -35,6 +38,9 @@ class Backend(ABC):
 
     @abstractmethod
     def fingerprint(self) -> dict: ...
+
+    def capabilities(self) -> Capabilities | None:
+        return None
 
     def hardware_name(self) -> str:
         """A short, stable name of the hardware class, used in recipe paths."""

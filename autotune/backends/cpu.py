@@ -1,9 +1,13 @@
-"""This machine's CPU: real builds and real measurements, each trial in its own process."""
+"""This machine's CPU: real builds and real measurements, each trial in its own process. The space keeps the
+precisions the capability probe found native (or nearly as fast), fastest first, and the thread counts the machine
+has."""
 from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.backends.isolated import run_isolated
 from autotune.host import cpu_fingerprint, num_cores
+from autotune.probe.capabilities import Capabilities, restrict_space
+from autotune.probe.cpu import cpu_capabilities
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobResult
 
@@ -16,6 +20,9 @@ class CpuBackend(Backend):
     def unavailable(self) -> str | None:
         return None
 
+    def capabilities(self) -> Capabilities:
+        return cpu_capabilities()
+
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
         names = {d.name for d in space.dimensions}
         if "device_power" in names:
@@ -24,7 +31,7 @@ class CpuBackend(Backend):
             if keep != space.dimension("device_power").values:
                 space = space.restrict("device_power", keep or (cores,),
                                        f"device_power is the thread count on the CPU and this machine has {cores} cores")
-        return space
+        return restrict_space(space, self.capabilities()) if "dtype" in names else space
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)

@@ -24,7 +24,7 @@ def _fault_for(job: Job) -> str | None:
     rules = json.loads(os.environ.get(FAULTS_ENV) or "{}")
     if job.kind is not JobKind.TRIAL:
         return None
-    return rules.get(DeployConfig(**job.config).label(), rules.get("*"))
+    return rules.get(DeployConfig.from_dict(job.config).label(), rules.get("*"))
 
 
 def _inject(fault: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from autotune.backends.base import Backend
 from autotune.backends.memory_watch import MemoryWatch
 from autotune.space.search_space import SearchSpace
-from autotune.trial.child import Envelope, address_space_limited
+from autotune.trial.child import Envelope, address_space_limited, partial_path
 from autotune.trial.compiler_cache import compiler_cache_env
 from autotune.trial.job import Job, JobResult, Status
 
@@ -81,13 +81,12 @@ def run_isolated(job: Job, timeout_s: float, *, device: str = "cpu", memory_limi
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            _kill_group(proc)
             reader.join(timeout=5)
-            return JobResult.error(f"timed out after {timeout_s:g} s (the trial's wall-clock limit)", list(tail))
+            result = JobResult.error(f"timed out after {timeout_s:g} s (the trial's wall-clock limit)", list(tail))
+            return _with_partial(result, partial_path(result_path))
         except BaseException:
-            proc.kill()  # Ctrl-C or SIGTERM: the child goes with the trial
-            proc.wait()
+            _kill_group(proc)  # Ctrl-C or SIGTERM: the child and its compile workers go with the trial
             raise
         finally:
             if watch is not None:
@@ -102,6 +101,28 @@ def run_isolated(job: Job, timeout_s: float, *, device: str = "cpu", memory_limi
         if result.status is Status.ERROR:
             result.log_tail = list(tail)
         return result
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group (it leads one: start_new_session): inductor's compile workers and
+    anything else it started go with it, so that none keeps a core busy under the next trial."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _with_partial(result: JobResult, path: Path) -> JobResult:
+    """A stopped trial keeps what it had found: its gate figures (and their timing) from the child's checkpoint."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return result
+    for key in ("gate", "gate_cached", "timing", "build_s"):
+        if key in found:
+            setattr(result, key, found[key])
+    return result
 
 
 class IsolatedBackend(Backend):

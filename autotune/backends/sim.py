@@ -3,10 +3,11 @@ simulated. It measures nothing: not speed, not memory, and not the accuracy gate
 from __future__ import annotations
 
 from autotune.backends.base import Backend
-from autotune.config.deploy import DeployConfig
+from autotune.config.deploy import DTYPES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.models.registry import resolve_model
+from autotune.probe.capabilities import Capabilities, Precision, restrict_space
 from autotune.sim.hardware import HardwareProfile, list_profiles, load_profile
 from autotune.sim.predict import predict
 from autotune.space.search_space import SearchSpace
@@ -71,13 +72,23 @@ class SimBackend(Backend):
         for name, reason in _NOT_SIMULATED.items():
             if name in names:
                 space = space.restrict(name, (), reason)
-        return space
+        return restrict_space(space, self.capabilities())
+
+    def capabilities(self) -> Capabilities:
+        """The precisions the profile states a rate for, highest rate first; the others with the profile's reason."""
+        p = self.profile
+        precisions = [Precision(d, True, True, f"{p.tflops[d]:g} TFLOPS dense in the profile") if d in p.tflops else
+                      Precision(d, False, False, p.precision_notes.get(d, "the profile states no rate for it"))
+                      for d in DTYPES]
+        order = ("bf16", "fp16", "fp32")
+        precisions.sort(key=lambda q: (not q.offered, -p.tflops.get(q.name, 0.0), order.index(q.name)))
+        return Capabilities(f"sim:{p.name}", p.description, tuple(precisions))
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         if job.kind is not JobKind.TRIAL:
             return JobResult.error(f"the simulator cannot run a {job.kind.value!r} job: it measures nothing")
         try:
-            prediction = predict(resolve_model(job.model), DeployConfig(**job.config), Workload(**job.workload),
+            prediction = predict(resolve_model(job.model), DeployConfig.from_dict(job.config), Workload(**job.workload),
                                  self.profile)
         except (AutotuneError, ValueError) as exc:
             return JobResult.error(str(exc))
@@ -94,5 +105,5 @@ class SimBackend(Backend):
     def fingerprint(self) -> dict:
         p = self.profile
         return {"hardware": p.name, "profile": p.label, "simulated": True, "description": p.description,
-                "calibration": p.calibration_source, "bf16_tflops": p.bf16_tflops, "int8_tops": p.int8_tops,
+                "calibration": p.calibration_source, "tflops": p.tflops, "int8_tops": p.int8_tops,
                 "memory_gb": p.memory_gb, "bandwidth_gbs": p.bandwidth_gbs}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
+from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
 from autotune.progress import log
@@ -44,60 +45,69 @@ def _run_figures(completions: list[Completion], seconds: float) -> dict:
     }
 
 
-def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, repeats: int = 3,
-                     warmup: int = 2, base_rss: int, device=None,
-                     cut: Callable[[dict], str | None] | None = None) -> dict:
-    """Run the workload `warmup` + `repeats` times on one runner (its cache persists, as in serving).
+def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, policy: RunPolicy | None = None,
+                     base_rss: int, device=None, cut: Callable[[dict], str | None] | None = None) -> dict:
+    """Run the workload on one runner (its cache persists, as in serving) as `policy` says: warm-up, an optional
+    screening wave, then timed runs of the whole workload (benchmark/policy.py).
 
     Peak memory is the process's measured high-water mark during the runs, minus `base_rss` (the process
     before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them.
     With an accelerator `device` (autotune/devices/base.py), peak memory is its allocator's high-water mark
     (weights, KV pools, activations) and every clock read waits for the device's queued work first.
 
-    `cut` sees the figures so far after each timed run (peak memory included) and may end the repeats early with
-    a reason (successive halving: a configuration clearly dominated needs no more precise figures); the reason is
-    kept in the result as `repeats_cut`."""
+    `cut` sees the figures so far (peak memory included) after the screening wave and after each timed run, and
+    may end the benchmark with a reason (a configuration clearly dominated needs no more precise figures). A
+    configuration cut at its screen carries the screen's figures and says so (`screened_out`); a cut after a
+    timed run says so in `repeats_cut`. `repeats_stop` says which rule ended the timed runs."""
+    policy = policy or RunPolicy()
     runner = engine.runner(max_seq_len=workload.max_seq_len,
                            pool_tokens=engine.config.batch_size * workload.max_seq_len)
     eos = engine.model.eos_token_id
-    requests = [Request(p, workload.output_tokens, min_new_tokens=workload.output_tokens, eos_token_id=eos)
-                for p in prompts]
+
+    def requests(count: int, new_tokens: int) -> list[Request]:
+        return [Request(p, new_tokens, min_new_tokens=new_tokens, eos_token_id=eos) for p in prompts[:count]]
+
+    full = requests(len(prompts), workload.output_tokens)
+    wave = min(engine.config.batch_size, len(prompts))
     sync = device.synchronize if device is not None else _no_sync
     peak_reset = _reset_peak(device)
     started = time.perf_counter()
-    for i in range(warmup):
-        runner.run(requests)
+    # Eager kernels need one call to be warm; a compiled build meets each of its graphs in one whole run.
+    runner.run(requests(wave, min(4, workload.output_tokens)) if policy.warmup == "short" else full)
     sync()
     warmup_s = time.perf_counter() - started
-    runs = []
-    cut_reason = None
 
     def peak_mb() -> float:
         return (device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20
 
-    for i in range(repeats):
+    def timed(reqs: list[Request]) -> dict:
         t0 = time.perf_counter()
-        completions = runner.run(requests)
+        completions = runner.run(reqs)
         sync()
-        runs.append(_run_figures(completions, time.perf_counter() - t0))
-        log(f"  repeat {i + 1}/{repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
-        if cut is not None and i + 1 < repeats:
-            cut_reason = cut({**summarize(runs), "peak_memory_mb": peak_mb()})
-            if cut_reason:
-                cut_reason = f"{cut_reason}; stopped after {i + 1} of {repeats} timed runs"
-                log(f"  {cut_reason}")
-                break
-    result = summarize(runs)
-    if cut_reason:
-        result["repeats_cut"] = cut_reason
-    result.update(
-        peak_memory_mb=peak_mb(),
-        kv_reserved_peak_mb=runner.cache.reserved_bytes / 2**20,
-        kv_pages_peak=runner.cache.peak_pages_in_use,
-        warmup_s=warmup_s,
-    )
-    result.update(_peak_marks(peak_reset))
-    return result
+        return _run_figures(completions, time.perf_counter() - t0)
+
+    marks: dict = {}
+    if policy.screen and wave < len(prompts):
+        screen = timed(requests(wave, workload.output_tokens))
+        log(f"  screen (one wave of {wave} requests): {screen['throughput_tok_s']:.1f} tok/s")
+        marks["screen"] = screen
+        reason = cut({**screen, "peak_memory_mb": peak_mb()}) if cut is not None else None
+        if reason:
+            log(f"  screened out: {reason}")
+            result = {**summarize([screen]), "repeats": 0, "screened_out": f"{reason}; the whole workload did not run"}
+            return {**result, **_memory(runner, peak_mb(), warmup_s), **_peak_marks(peak_reset)}
+    runs, stop = timed_runs(lambda: timed(full), policy, log,
+                            (lambda rs: cut({**summarize(rs), "peak_memory_mb": peak_mb()})) if cut else None)
+    result = {**summarize(runs), **marks, "repeats_stop": stop}
+    if stop.startswith("cut: "):
+        result["repeats_cut"] = stop.removeprefix("cut: ")
+        log(f"  {result['repeats_cut']}")
+    return {**result, **_memory(runner, peak_mb(), warmup_s), **_peak_marks(peak_reset)}
+
+
+def _memory(runner, peak_mb: float, warmup_s: float) -> dict:
+    return {"peak_memory_mb": peak_mb, "kv_reserved_peak_mb": runner.cache.reserved_bytes / 2**20,
+            "kv_pages_peak": runner.cache.peak_pages_in_use, "warmup_s": warmup_s}
 
 
 # Where the kernel refuses /proc/PID/clear_refs (some containers), the process's high-water mark cannot be brought
@@ -143,24 +153,29 @@ class _TokenTimes:
         pass
 
 
+# The speed baselines are what every gain is read against: never fewer than two timed runs, so that their spread
+# is known, and more time for them than a trial's runs get.
+BASELINE_POLICY = RunPolicy(warmup="short", min_repeats=2, max_repeats=3, time_cap_s=120.0)
+
+
 @torch.inference_mode()
 def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload, batch_size: int, pad_id: int,
-                          *, repeats: int = 3, warmup: int = 2, base_rss: int, device=None) -> dict:
-    """The speed baseline: transformers' own generate, batches of `batch_size` prompts (left-padded), in turn."""
-    def one_run() -> dict:
+                          *, policy: RunPolicy = BASELINE_POLICY, base_rss: int, device=None) -> dict:
+    """The speed baseline: transformers' own generate, batches of `batch_size` prompts (left-padded), in turn.
+    The warm-up is one batch of a few tokens ("short") or the whole workload ("full")."""
+    def one_run(chunks: list[list[list[int]]] | None = None, new_tokens: int | None = None) -> dict:
         completions: list[Completion] = []
+        new_tokens = new_tokens or workload.output_tokens
         start = time.perf_counter()
-        for i in range(0, len(prompts), batch_size):
-            chunk = prompts[i:i + batch_size]
+        for chunk in chunks or [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]:
             width = max(map(len, chunk))
             ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             streamer = _TokenTimes()
             if device is not None:  # an accelerator: inputs go where the weights are
                 ids, mask = ids.to(device.torch_device), mask.to(device.torch_device)
-            hf_model.generate(ids, attention_mask=mask, max_new_tokens=workload.output_tokens,
-                              min_new_tokens=workload.output_tokens, do_sample=False, pad_token_id=pad_id,
-                              streamer=streamer)
+            hf_model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=pad_id, streamer=streamer)
             for p in chunk:
                 c = Completion(Request(p, workload.output_tokens), arrival=start)
                 c.token_times = list(streamer.times)
@@ -169,13 +184,14 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
         return _run_figures(completions, time.perf_counter() - start)
 
     peak_reset = _reset_peak(device)
-    for _ in range(warmup):
+    started = time.perf_counter()
+    if policy.warmup == "short":
+        one_run([prompts[:batch_size]], min(4, workload.output_tokens))
+    else:
         one_run()
-    runs = []
-    for i in range(repeats):
-        runs.append(one_run())
-        log(f"  repeat {i + 1}/{repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
-    result = summarize(runs)
+    warmup_s = time.perf_counter() - started
+    runs, stop = timed_runs(one_run, policy, log)
+    result = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s}
     result["peak_memory_mb"] = (device.peak_memory_bytes() if device is not None
                                 else peak_rss_bytes() - base_rss) / 2**20
     result.update(_peak_marks(peak_reset))

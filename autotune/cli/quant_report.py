@@ -5,8 +5,9 @@ import argparse
 import json
 
 from autotune.cli.args import fraction
-from autotune.config.deploy import FALLBACK_LAYERS, QUANT_METHODS, QUANT_SCHEMES
+from autotune.config.deploy import DTYPES, FALLBACK_LAYERS, QUANT_METHODS, QUANT_SCHEMES
 from autotune.errors import UserInputError
+from autotune.probe.cpu import cpu_capabilities
 from autotune.quant.report import format_table, measure_rows, report_configs
 
 __all__ = ["register"]
@@ -43,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fallback", type=_depths, default=FALLBACK_LAYERS,
                    help="comma-separated fallback depths (default: the search space's 0,1,2,4,8; deeper ones show "
                         "where a scheme would pass)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="the precision of what each scheme leaves unquantized (default: this CPU's fastest plain "
+                        "precision, by its capability probe)")
     p.add_argument("--min-agreement", type=fraction, default=0.995)
     p.add_argument("--tie-epsilon", type=fraction, default=0.05)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -55,7 +59,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    configs = report_configs(args.schemes, args.methods, args.fallback)
+    dtype = args.dtype or cpu_capabilities().fastest
+    configs = report_configs(args.schemes, args.methods, args.fallback, dtype)
     if not configs:
         raise UserInputError("no configuration: the methods given apply to none of the schemes given")
     rows = []

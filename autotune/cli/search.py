@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 from autotune.backends import make_backend
 from autotune.cli.args import fraction, non_negative, positive, token_range
@@ -16,7 +17,7 @@ from autotune.results.export import write_recipes
 from autotune.results.tables import pareto_table, study_summary
 from autotune.space.search_space import DEFAULT_SPACE, load_space
 from autotune.study.coordination import budget_target
-from autotune.study.loop import run_search
+from autotune.study.loop import enqueue_baseline, run_search
 from autotune.study.settings import SAMPLERS, SearchSettings
 from autotune.study.setup import open_study, prepare_study
 from autotune.study.storage import default_storage, resolve_url
@@ -51,11 +52,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--requests", type=positive(int), default=16, help="requests per benchmark run")
     s.add_argument("--prompt-tokens", type=token_range, default=(112, 144), help="MIN:MAX prompt tokens")
     s.add_argument("--output-tokens", type=positive(int), default=64)
-    s.add_argument("--repeats", type=positive(int), default=3, help="timed runs per trial (after a warm-up)")
-    s.add_argument("--trial-timeout", type=positive(float), default=600.0, help="seconds per trial (default 600)")
+    s.add_argument("--repeats", type=positive(int), default=3,
+                   help="at most this many timed runs of the workload per trial, after its warm-up; fewer once two "
+                        "agree within 5%% or --repeat-time is reached (default 3)")
+    s.add_argument("--repeat-time", type=positive(float), default=60.0,
+                   help="seconds: no timed run of a trial starts that would take its timed runs past this (default 60)")
+    s.add_argument("--trial-timeout", type=positive(float), default=None,
+                   help="seconds per trial (default: derived per trial from its predicted cost on this machine, "
+                        "2.5x the prediction, at least 300 s, recorded with the reason)")
     s.add_argument("--timeout", type=non_negative, default=10.0,
-                   help="minutes of trials: no new trial once one more would likely end later (default 10, so "
-                        "that the default search fits in 15 minutes on 2 cores; 0: no limit)")
+                   help="minutes of trials, counted from the first trial: the set-up before it (converting the "
+                        "model once, the capability probe, the reference and the two speed baselines once per study) "
+                        "is not counted, and is printed; no trial starts that would likely end later; every worker "
+                        "of the study keeps to it (default 10; 0: no limit)")
     s.add_argument("--trial-memory-mb", type=positive(float), default=None,
                    help="memory limit of each trial, in MB: its process's address space on the CPU, its "
                         "processes' resident host memory on cuda and npu (default: none)")
@@ -89,23 +98,28 @@ def search(args: argparse.Namespace) -> int:
         workload=workload, min_agreement=args.min_agreement, tie_epsilon=args.tie_epsilon,
         memory_budget_mb=args.memory_budget, tpot_slo_ms=args.tpot_slo, sampler=args.sampler, seed=args.seed,
         trial_timeout_s=args.trial_timeout, timeout_s=args.timeout * 60 or None, repeats=args.repeats,
+        repeat_time_s=args.repeat_time,
         trial_memory_mb=args.trial_memory_mb, guided=args.guided,
     )
     study = open_study(settings)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "
         f"space {space.source} ({space.grid_size()} configurations)")
+    setup_started = time.perf_counter()
     prepare_study(study, settings, backend, spec, space)
-    study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, args.backend, hardware,
-                                                     str(args.space or DEFAULT_SPACE), args.isolate))
+    log(f"set-up took {time.perf_counter() - setup_started:.0f} s (not counted in the trials' "
+        f"{args.timeout:g} minutes)" if args.timeout else f"set-up took {time.perf_counter() - setup_started:.0f} s")
     target = budget_target(study, args.trials)
-    if not any(t.params == space.baseline_params() for t in study.trials):
-        study.enqueue_trial(space.baseline_params(), user_attrs={"role": "baseline"}, skip_if_exists=True)
+    enqueue_baseline(study, space)
     if args.warm_start and backend.measured:
         enqueue_recipes(study, space, args.out, spec.name, study.user_attrs["hardware"]["hardware"])
+    if settings.timeout_s:
+        settings.deadline = time.time() + settings.timeout_s
+    study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, args.backend, hardware,
+                                                     str(args.space or DEFAULT_SPACE), args.isolate))
     if args.workers > 1:
         run_local_workers(args.workers, study_name, settings.storage)
     else:
-        run_search(settings, space, backend, study, space.baseline_params(), target=target)
+        run_search(settings, space, backend, study, target=target)
     print(study_summary(study))
     print(pareto_table(study))
     written = write_recipes(study, args.out, settings.storage)

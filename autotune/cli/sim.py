@@ -54,7 +54,9 @@ def _config(pairs: list[str]) -> DeployConfig:
 
 
 def _predict(args) -> int:
-    spec, profile, config = resolve_model(args.model), load_profile(args.hardware), _config(args.set)
+    spec, profile = resolve_model(args.model), load_profile(args.hardware)
+    # Without --set dtype=..., the profile's fastest precision (an Ascend 910 has no bf16).
+    config = _config([f"dtype={profile.fastest_precision}", *args.set])
     try:
         workload = Workload(num_requests=args.requests, prompt_min=args.prompt_tokens[0],
                             prompt_max=args.prompt_tokens[1], output_tokens=args.output_tokens)
@@ -82,12 +84,13 @@ def _predict(args) -> int:
 
 
 def _hardware(args) -> int:
-    print(f"{'profile':<14} {'bf16 TFLOPS':>11} {'int8 TOPS':>9} {'memory':>8} {'GB/s':>6} {'power':>6}  "
-          f"{'device_power':<14} calibration")
+    print(f"{'profile':<14} {'fp32':>6} {'fp16':>6} {'bf16':>6} {'int8 TOPS':>9} {'memory':>8} {'GB/s':>6} "
+          f"{'power':>6}  {'device_power':<14} calibration   (TFLOPS per precision; - : not native)")
     for name in list_profiles():
         p = load_profile(name)
         power = "-" if p.power_w is None else f"{p.power_w:.0f} W"
         levels = ",".join(map(str, sorted(p.power_levels))) if p.power_levels else "none"
-        print(f"{p.label:<14} {p.bf16_tflops:>11.1f} {p.int8_tops:>9.1f} {p.memory_gb:>6.0f}Gi {p.bandwidth_gbs:>6.0f} "
+        rates = " ".join(f"{p.tflops[d]:>6.1f}" if d in p.tflops else f"{'-':>6}" for d in ("fp32", "fp16", "bf16"))
+        print(f"{p.label:<14} {rates} {p.int8_tops:>9.1f} {p.memory_gb:>6.0f}Gi {p.bandwidth_gbs:>6.0f} "
               f"{power:>6}  {p.power_kind + ' ' + levels:<14} {p.calibration_source}")
     return 0

@@ -5,14 +5,24 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DeployConfig", "NUMERICS_KNOBS", "QUANT_SCHEMES", "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS",
-           "KV_POLICIES"]
+__all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES", "QUANT_METHODS",
+           "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES"]
 
-QUANT_SCHEMES = ("bf16", "w8a16", "w8a8", "w4a16")
+# The storage and compute precision of everything a quantization scheme leaves unquantized: every layer under
+# quant "none", the activations and arithmetic of the weight-only schemes, the kept (fallback) layers, the
+# embedding and head, the KV cache. What a device computes natively is decided by its capability probe
+# (autotune/probe/): bf16 on an AVX2-only CPU is emulated, several times slower than fp32.
+DTYPES = ("fp32", "fp16", "bf16")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# torch's names of them (getattr(torch, name)): this module stays free of torch.
+TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# "none": the dtype alone. Recipes and studies made before the dtype knob named that scheme "bf16"
+# (DeployConfig.from_dict reads them).
+QUANT_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
 # How each scheme's weights (and activation scales) are chosen. "rtn" (round-to-nearest, data-free) is what every
-# scheme did before calibration existed; the others use the calibration set (autotune/quant/). bf16 has none.
+# scheme did before calibration existed; the others use the calibration set (autotune/quant/). "none" has none.
 QUANT_METHODS: dict[str, tuple[str, ...]] = {
-    "bf16": ("rtn",),
+    "none": ("rtn",),
     "w8a16": ("rtn",),
     "w8a8": ("rtn", "smoothquant_static", "smoothquant_dynamic"),
     "w4a16": ("rtn", "awq"),
@@ -22,10 +32,22 @@ FALLBACK_LAYERS = (0, 1, 2, 4, 8)
 FUSION_LEVELS = ("O0", "O1", "O2")
 KV_POLICIES = ("preallocate", "on_demand", "pool")
 # Only these change what the model computes; the rest change speed and memory. Gate results are keyed by them.
-NUMERICS_KNOBS = ("quant", "fusion_level", "layers_per_subgraph", "quant_method", "fallback_layers")
+NUMERICS_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "quant_method", "fallback_layers")
 # Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at these
 # defaults, so that a configuration that does not use them keeps its digest (and its recipe file name) and its gate key.
-_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0}
+_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0, "dtype": "bf16"}
+# The scheme names of configurations written before the dtype knob: old name -> (scheme, dtype).
+_LEGACY_SCHEMES = {"bf16": ("none", "bf16")}
+
+
+
+def _upgraded(values: dict) -> dict:
+    """A copy of stored configuration values with a scheme name from before the dtype knob replaced."""
+    out = dict(values)
+    if out.get("quant") in _LEGACY_SCHEMES:
+        out["quant"], legacy_dtype = _LEGACY_SCHEMES[out["quant"]]
+        out.setdefault("dtype", legacy_dtype)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +55,7 @@ class DeployConfig:
     """How one model is deployed. `layers_per_subgraph` is 0 for "all layers in one graph" and is only
     meaningful when fused (O1/O2); eager (O0) configurations carry None."""
 
-    quant: str = "bf16"
+    quant: str = "none"
     fusion_level: str = "O0"
     layers_per_subgraph: int | None = None
     batch_size: int = 8
@@ -42,15 +64,22 @@ class DeployConfig:
     device_power: int = 0  # backend-defined level; on the CPU the number of threads (0: all cores)
     quant_method: str = "rtn"  # one of QUANT_METHODS[quant]
     fallback_layers: int = 0  # the most sensitive decoder linear layers kept in the compute dtype
+    # Default bf16: what every configuration computed in before the knob existed, so that old ones read the same.
+    dtype: str = "bf16"
 
     def __post_init__(self) -> None:
+        if self.quant in _LEGACY_SCHEMES:
+            scheme, dtype = _LEGACY_SCHEMES[self.quant]
+            raise ValueError(f"quant {self.quant!r} is now quant {scheme!r} with dtype {dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.quant not in QUANT_SCHEMES:
             raise ValueError(f"quant must be one of {QUANT_SCHEMES}, not {self.quant!r}")
         if self.quant_method not in QUANT_METHODS[self.quant]:
             raise ValueError(f"quant_method for {self.quant} must be one of {QUANT_METHODS[self.quant]}, "
                              f"not {self.quant_method!r}")
-        if self.fallback_layers < 0 or (self.quant == "bf16" and self.fallback_layers):
-            raise ValueError(f"fallback_layers must be >= 0, and 0 for bf16 (nothing is quantized); "
+        if self.fallback_layers < 0 or (self.quant == "none" and self.fallback_layers):
+            raise ValueError(f"fallback_layers must be >= 0, and 0 for quant none (nothing is quantized); "
                              f"not {self.fallback_layers}")
         if self.fusion_level not in FUSION_LEVELS:
             raise ValueError(f"fusion_level must be one of {FUSION_LEVELS}, not {self.fusion_level!r}")
@@ -68,13 +97,19 @@ class DeployConfig:
             raise ValueError(f"device_power must be >= 0, not {self.device_power}")
 
     @classmethod
+    def from_dict(cls, data: dict) -> DeployConfig:
+        """From a stored configuration (a trial's `config`, a recipe's `configuration`), including those written
+        before the dtype knob: their scheme "bf16" is quant "none" computing in bf16."""
+        return cls(**_upgraded(data))
+
+    @classmethod
     def from_params(cls, params: dict) -> DeployConfig:
         """From search-space parameters, where layers_per_subgraph may be the string "all"."""
         known = {f.name for f in fields(cls)}
         unknown = set(params) - known
         if unknown:
             raise ValueError(f"unknown configuration keys {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(params)
+        values = _upgraded(params)
         lps = values.get("layers_per_subgraph")
         if lps == "all":
             values["layers_per_subgraph"] = 0
@@ -88,7 +123,10 @@ class DeployConfig:
         return asdict(self)
 
     def _keyed(self, names) -> dict:
-        return {k: getattr(self, k) for k in names if _LATER_DEFAULTS.get(k, object()) != getattr(self, k)}
+        out = {k: getattr(self, k) for k in names if _LATER_DEFAULTS.get(k, object()) != getattr(self, k)}
+        if out.get("quant") == "none" and "dtype" not in out:
+            out["quant"] = "bf16"  # what quant none in bf16 was called: its digest and gate key stay the same
+        return out
 
     def numerics_key(self) -> str:
         """Stable key of the knobs that change numerics (see NUMERICS_KNOBS)."""
@@ -98,10 +136,13 @@ class DeployConfig:
         return hashlib.sha256(json.dumps(self._keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
 
     def scheme_label(self) -> str:
-        """The scheme with its method and fallback where they are not the defaults: "w4a16+awq+fb2"."""
+        """The precision alone ("fp32") for quant none, else the scheme with its method and fallback where they are
+        not the defaults and the precision it computes in: "w4a16+awq+fb2@bf16"."""
+        if self.quant == "none":
+            return self.dtype
         method = "" if self.quant_method == "rtn" else f"+{self.quant_method}"
         fallback = f"+fb{self.fallback_layers}" if self.fallback_layers else ""
-        return f"{self.quant}{method}{fallback}"
+        return f"{self.quant}{method}{fallback}@{self.dtype}"
 
     def label(self) -> str:
         split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.probe.capabilities import Capabilities
 from autotune.space.search_space import SearchSpace
 
 __all__ = ["CompileOptions", "Limit", "Device", "apply_limits"]
@@ -52,7 +53,8 @@ class Device(ABC):
     """Contract: `torch_device` names where tensors live; `synchronize()` waits for queued work (timing reads a
     host clock only after it); `reset_peak_memory()` / `peak_memory_bytes()` bracket a measurement with the device
     allocator's high-water mark; `compile_options(level)` is a pure mapping (None: eager); `quantizer(scheme)`
-    returns the engine Quantizer that runs the scheme on this device; `limits()` lists what it cannot honour."""
+    returns the engine Quantizer that runs the scheme on this device; `limits()` lists what it cannot honour;
+    `capabilities()` says which precisions it computes natively (autotune/probe/), None where it cannot tell."""
 
     name: str = ""
     torch_device: str = "cpu"
@@ -74,6 +76,9 @@ class Device(ABC):
 
     def limits(self) -> list[Limit]:
         return []
+
+    def capabilities(self) -> Capabilities | None:
+        return None
 
     def compile(self, fn: Callable, fusion_level: str) -> Callable:
         """`fn` compiled as `compile_options(fusion_level)` says (unchanged when eager)."""

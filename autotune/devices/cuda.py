@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from autotune.devices.base import CompileOptions, Device, Limit
+from autotune.probe.accelerators import cuda_capabilities
+from autotune.probe.capabilities import Capabilities
 
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
@@ -100,6 +102,11 @@ class CudaDevice(Device):
 
     def limits(self) -> list[Limit]:
         return [Limit("device_power", None, _POWER_REASON)]
+
+    def capabilities(self) -> Capabilities:
+        import torch
+
+        return cuda_capabilities(torch.cuda.get_device_name(0), tuple(torch.cuda.get_device_capability(0)))
 
     def elapsed_s(self, fn: Callable[[], object]) -> float:
         """Seconds `fn` kept the GPU busy, from CUDA events around it."""

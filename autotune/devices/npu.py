@@ -14,6 +14,8 @@ from autotune.devices.npu_mapping import (
     npu_power_reason,
     torchair_settings,
 )
+from autotune.probe.accelerators import npu_capabilities
+from autotune.probe.capabilities import Capabilities
 
 if TYPE_CHECKING:
     from autotune.engine.quant import Quantizer
@@ -94,6 +96,9 @@ class NpuDevice(Device):
         return [Limit("quant", (scheme,), reason) for scheme, reason in NPU_UNSUPPORTED_QUANT.items()] + [
             Limit("quant_method", (method,), reason) for method, reason in NPU_UNSUPPORTED_METHODS.items()] + [
             Limit("device_power", None, npu_power_reason(chip_name()))]
+
+    def capabilities(self) -> Capabilities:
+        return npu_capabilities(chip_name())
 
 
 def chip_name() -> str | None:

@@ -28,7 +28,7 @@ class TorchairSettings:
 
 # O0: eager (single operators, no torchair). O1: GE graph with only basic optimisation, the safe fused level.
 # O2: GE graph with every fusion pass (oo_level O3) — the recipe's O2, whose fused chains drift after ~200-300
-# tokens in fp16 (FACTS.md): that is what the gate's drift check is for.
+# tokens in fp16 (the reference deployment's experience): that is what the gate's drift check is for.
 _FUSION: dict[str, TorchairSettings | None] = {
     "O0": None,
     "O1": TorchairSettings(mode="max-autotune", oo_level="O1"),
@@ -41,9 +41,9 @@ def torchair_settings(fusion_level: str) -> TorchairSettings | None:
     return _FUSION[fusion_level]
 
 
-# Scheme -> the torch_npu operators of its linear layer (None: plain bf16 matmul).
+# Scheme -> the torch_npu operators of its linear layer (None: a plain matmul in the dtype).
 NPU_QUANT_OPS: dict[str, tuple[str, ...] | None] = {
-    "bf16": None,
+    "none": None,
     "w8a16": ("npu_weight_quant_batchmatmul",),
     "w8a8": ("npu_dynamic_quant", "npu_quant_matmul"),
 }

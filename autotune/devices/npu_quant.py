@@ -92,4 +92,4 @@ class NpuW8A8(_NpuReplace):
     linear = NpuW8A8Linear
 
 
-NPU_QUANTIZERS: dict[str, type[Quantizer]] = {"bf16": Baseline, "w8a16": NpuW8A16, "w8a8": NpuW8A8}
+NPU_QUANTIZERS: dict[str, type[Quantizer]] = {"none": Baseline, "w8a16": NpuW8A16, "w8a8": NpuW8A8}

@@ -6,13 +6,17 @@ import time
 import torch
 from torch import nn
 
-from autotune.config.deploy import DeployConfig
+from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.engine.calibrated import QuantPlan, quantize_layers
 from autotune.engine.model import EngineModel
+from autotune.engine.prepacked import prepack_available, prepack_linears
+from autotune.engine.quant import decoder_linear
 from autotune.engine.runner import Runner, batch_buckets
 from autotune.engine.spill import SpilledParameters, spill_parameters
 
-__all__ = ["Engine", "build_engine", "COMPILE_MODES"]
+__all__ = ["Engine", "build_engine", "COMPILE_MODES", "TORCH_DTYPES"]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, t) for name, t in TORCH_DTYPE_NAMES.items()}
 
 # How each fusion level runs a segment: O0 eager; O1 inductor, weights as graph inputs (segments of equal length
 # share one graph); O2 inductor with freezing: weights folded in as constants and prepacked for oneDNN, one graph
@@ -76,11 +80,12 @@ def _compile_segments(model: EngineModel, config: DeployConfig, mode: str) -> No
     model.logits = torch.compile(model.logits)  # final norm and the (vocabulary-wide) head
 
 
-def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype, device,
+def _build_on_device(hf_model: nn.Module, config: DeployConfig, device,
                      plan: QuantPlan | None) -> tuple[EngineModel, dict]:
     """The accelerator path (autotune/devices/base.py Device): weights move to the device before quantizing,
     so each quantizer packs for that device's kernels; each segment compiles as the device maps the fusion level."""
-    model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None).to(device.torch_device)
+    model = EngineModel(hf_model, TORCH_DTYPES[config.dtype], config.layers_per_subgraph or None).to(
+        device.torch_device)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, device.quantizer(config.quant),
                                config.fallback_layers)
     if device.compile_options(config.fusion_level) is not None:
@@ -93,18 +98,20 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, dtype: torch.dty
     return model, coverage
 
 
-def build_engine(hf_model: nn.Module, config: DeployConfig, dtype: torch.dtype = torch.bfloat16,
-                 device=None, plan: QuantPlan | None = None) -> Engine:
-    """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. `device`: an accelerator's Device
-    (autotune/devices/base.py); None builds for this process's CPU, as before. `plan`: what the configuration's
-    quant_method and fallback_layers need from the calibration set (autotune/quant: quant_plan); None for
-    round-to-nearest without fallback. A scheme that converts fewer layers than it claims fails (TrialFailure)."""
+def build_engine(hf_model: nn.Module, config: DeployConfig, device=None, plan: QuantPlan | None = None) -> Engine:
+    """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. The engine computes in `config.dtype`.
+    `device`: an accelerator's Device (autotune/devices/base.py); None builds for this process's CPU, as before.
+    `plan`: what the configuration's quant_method and fallback_layers need from the calibration set
+    (autotune/quant: quant_plan); None for round-to-nearest without fallback. A scheme that converts fewer layers
+    than it claims fails (TrialFailure)."""
     started = time.perf_counter()
     if device is not None:
-        model, coverage = _build_on_device(hf_model, config, dtype, device, plan)
+        model, coverage = _build_on_device(hf_model, config, device, plan)
         return Engine(model, config, time.perf_counter() - started, coverage)
-    model = EngineModel(hf_model, dtype, config.layers_per_subgraph or None)
+    model = EngineModel(hf_model, TORCH_DTYPES[config.dtype], config.layers_per_subgraph or None)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, fallback_layers=config.fallback_layers)
+    if config.quant == "none" and config.dtype == "fp32" and config.fusion_level == "O0" and prepack_available():
+        coverage["prepacked"] = prepack_linears(model, decoder_linear, config.batch_size)
     mode = COMPILE_MODES[config.fusion_level]
     if mode is not None:
         _compile_segments(model, config, mode)

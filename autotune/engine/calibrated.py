@@ -205,7 +205,7 @@ def quantize_layers(model: nn.Module, scheme: str, method: str = "rtn", plan: Qu
     unknown = set(plan.keep) - set(names.values())
     if unknown:
         raise TrialFailure(f"the fallback names layers this model does not have: {sorted(unknown)[:4]}")
-    kept = set(plan.keep) if scheme != "bf16" else set()
+    kept = set(plan.keep) if scheme != "none" else set()
     if method == "rtn":
         quantizer.apply(model, lambda m, fqn: decoder_linear(m, fqn) and names.get(fqn) not in kept)
     else:

@@ -90,7 +90,7 @@ class W4A16(Quantizer):
             raise TrialFailure(f"int4 weight packing failed on this CPU build: {exc}") from exc
 
 
-QUANTIZERS: dict[str, type[Quantizer]] = {"bf16": Baseline, "w8a16": W8A16, "w8a8": W8A8, "w4a16": W4A16}
+QUANTIZERS: dict[str, type[Quantizer]] = {"none": Baseline, "w8a16": W8A16, "w8a8": W8A8, "w4a16": W4A16}
 
 
 def decoder_linear(module: nn.Module, fqn: str) -> bool:
@@ -137,7 +137,7 @@ def check_coverage(model: nn.Module, scheme: str, names: dict[str, str], kept: s
     """After quantizing: every decoder linear layer (`names`: module path -> layer name, taken before) is converted
     except those `kept` in the compute dtype, which must still be plain. A scheme applied to fewer layers than it
     claims (a library that skips a layer whose width does not suit it, with a log line only) fails the trial."""
-    if scheme == "bf16":
+    if scheme == "none":
         return {"decoder_linear_layers": len(names), "converted": 0, "kept": []}
     modules = dict(model.named_modules())
     converted = sorted(name for fqn, name in names.items() if is_converted(modules[fqn]))
@@ -171,4 +171,5 @@ def weight_bytes(model: nn.Module) -> int:
     for tensor in tensors:
         for ptr, size in _tensor_bytes(tensor):
             seen[ptr] = max(seen.get(ptr, 0), size)
-    return sum(seen.values())
+    # Weights held in oneDNN's opaque layout (engine/prepacked.py) are no parameter: they state their own size.
+    return sum(seen.values()) + sum(getattr(m, "nbytes", 0) for m in model.modules() if hasattr(m, "packed"))

@@ -59,6 +59,9 @@ class ModelSpec:
     head_dim: int = 0
     sliding_window: int = 0
     num_sliding_layers: int = 0
+    # The published checkpoint's dtype (its config.json), what transformers' dtype="auto" loads; "" where the
+    # weights folder's own config says it (a folder converted from GGUF says float32: the conversion's dtype).
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -14,7 +14,7 @@ from autotune.models.registry import ModelSpec, hub_cache_dir, hub_offline
 from autotune.paths import cache_root
 from autotune.progress import log
 
-__all__ = ["weights_folder", "model_checksum", "load_hf_model", "load_tokenizer"]
+__all__ = ["weights_folder", "model_checksum", "auto_dtype", "load_hf_model", "load_tokenizer"]
 
 _MANIFEST = "autotune-manifest.json"
 
@@ -124,12 +124,27 @@ def model_checksum(spec: ModelSpec) -> str:
     return "sha256:" + hashlib.sha256(b"".join(bytes.fromhex(_sha256(w)) for w in weights)).hexdigest()
 
 
+def auto_dtype(spec: ModelSpec) -> str:
+    """What dtype="auto" loads, as torch names it ("bfloat16"): the registry's published dtype, else the weights
+    folder's config.json (`dtype`, or `torch_dtype` before transformers 5), else float32 (transformers' default)."""
+    if spec.dtype:
+        return spec.dtype
+    try:
+        config = json.loads((weights_folder(spec) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    value = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return str(value).removeprefix("torch.")
+
+
 def load_hf_model(spec: ModelSpec, dtype: str = "float32"):
+    """`dtype`: a torch dtype name ("float32", "bfloat16"), or "auto" (auto_dtype: the model's own)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     folder = weights_folder(spec)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    name = auto_dtype(spec) if dtype == "auto" else dtype
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, name))
     return model.eval()
 
 

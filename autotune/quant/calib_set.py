@@ -28,7 +28,7 @@ __all__ = [
 CALIB_DIR = Path(__file__).resolve().parent.parent / "data" / "calib"
 CALIB_FILES = (CALIB_DIR / "apache-2.0_mpl-2.0.txt", CALIB_DIR / "mpl-1.1.txt", CALIB_DIR / "artistic.txt",
                CALIB_DIR / "cc0-1.0.txt")
-# The reference deployment calibrated with 512 samples (64 proved too few, FACTS.md).
+# The reference deployment (Ascend 910, W8A16) calibrated with 512 samples; 64 proved too few.
 NUM_SAMPLES = 512
 SAMPLE_TOKENS = 64
 # No sample shares this many consecutive tokens with the evaluation text.

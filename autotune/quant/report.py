@@ -38,21 +38,23 @@ class Row:
     kept_layers: tuple[str, ...] = ()
     error: str | None = None
     seconds: float = 0.0
+    dtype: str = "bf16"
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def report_configs(schemes: tuple[str, ...] = QUANT_SCHEMES, methods: tuple[str, ...] | None = None,
-                   fallbacks: tuple[int, ...] = FALLBACK_LAYERS) -> list[DeployConfig]:
-    """Eager (O0) configurations of every meaningful scheme x method x fallback depth (bf16: one, no fallback)."""
+                   fallbacks: tuple[int, ...] = FALLBACK_LAYERS, dtype: str = "bf16") -> list[DeployConfig]:
+    """Eager (O0) configurations of every meaningful scheme x method x fallback depth, in `dtype` (quant none:
+    one, no fallback)."""
     out = []
     for scheme in schemes:
         for method in QUANT_METHODS[scheme]:
             if methods is not None and method not in methods:
                 continue
-            for fallback in (0,) if scheme == "bf16" else fallbacks:
-                out.append(DeployConfig(quant=scheme, quant_method=method, fallback_layers=fallback))
+            for fallback in (0,) if scheme == "none" else fallbacks:
+                out.append(DeployConfig(quant=scheme, quant_method=method, fallback_layers=fallback, dtype=dtype))
     return out
 
 
@@ -79,7 +81,7 @@ def measure_rows(model: str, configs: list[DeployConfig], *, tie_epsilon: float 
     windows, prompts = eval_windows(tokenizer, positions), drift_prompts(tokenizer)
     for config in configs:
         started = time.perf_counter()
-        row = Row(config.quant, config.quant_method, config.fallback_layers)
+        row = Row(config.quant, config.quant_method, config.fallback_layers, dtype=config.dtype)
         log(f"quant-report: {config.scheme_label()}")
         try:
             plan = quant_plan(hf, spec, tokenizer, config)
@@ -118,18 +120,18 @@ def _f(value: float | None, spec: str) -> str:
 
 def format_table(rows: list[Row], min_agreement: float = 0.995) -> str:
     """A Markdown table, then the depth at which each scheme and method passes."""
-    lines = ["| scheme | method | fallback | tie-aware | raw | decode | perplexity | weights MB | gate |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| scheme | dtype | method | fallback | tie-aware | raw | decode | perplexity | weights MB | gate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         verdict = f"error: {r.error}" if r.error else ("pass" if r.passed else "FAIL")
-        lines.append(f"| {r.scheme} | {r.method} | {r.fallback_layers} | {_f(r.tie_aware_agreement, '.4f')} | "
+        lines.append(f"| {r.scheme} | {r.dtype} | {r.method} | {r.fallback_layers} | {_f(r.tie_aware_agreement, '.4f')} | "
                      f"{_f(r.raw_agreement, '.4f')} | {_f(r.decode_agreement, '.4f')} | {_f(r.perplexity, '.2f')} | "
                      f"{_f(r.weight_mb, '.1f')} | {verdict} |")
     if rows and rows[0].reference_perplexity is not None:
         lines.append(f"\nreference (fp32) perplexity {rows[0].reference_perplexity:.2f}; gate: tie-aware and decode "
                      f"agreement > {min_agreement}")
     for (scheme, method), depth in passing_depth(rows).items():
-        if scheme != "bf16":
+        if scheme != "none":
             where = f"passes from fallback {depth}" if depth is not None else "passes at no measured fallback depth"
             lines.append(f"{scheme}/{method}: {where}")
     return "\n".join(lines)

@@ -17,6 +17,9 @@ import yaml
 from autotune import __version__
 from autotune.config.deploy import DeployConfig
 from autotune.errors import UserInputError
+from autotune.host import is_legacy_class
+from autotune.progress import log
+from autotune.recipes.baselines import study_baselines
 from autotune.redact import redact
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "seal", "dump_recipe",
@@ -45,7 +48,7 @@ class Recipe:
 
     @property
     def config(self) -> DeployConfig:
-        return DeployConfig(**self.data["configuration"])
+        return DeployConfig.from_dict(self.data["configuration"])
 
     @property
     def model(self) -> str:
@@ -58,6 +61,21 @@ class Recipe:
     @property
     def simulated(self) -> bool:
         return self.data["metrics"]["source"] == "simulated"
+
+    @property
+    def notes(self) -> list[str]:
+        """What to know before reading its figures here: a hardware class named before classes carried the ISA
+        level, a gate older than today's."""
+        out = []
+        hardware = str((self.data.get("hardware") or {}).get("hardware", ""))
+        if is_legacy_class(hardware):
+            out.append(f"its hardware class {hardware} was named before classes carried the ISA level: its figures "
+                       "may come from any ISA level of that CPU (bf16 native on one, emulated on another)")
+        gate = self.data.get("gate") or {}
+        if gate and gate.get("measured", True) is not False and gate.get("decode_agreement") is None:
+            out.append("it was gated before the gate checked the decode path: its gate figures are not today's gate's "
+                       "(autotune verify re-gates it)")
+        return out
 
     @property
     def kept_layers(self) -> tuple[str, ...]:
@@ -73,7 +91,7 @@ def recipe_dir(out: str | Path, model: str, hardware: str) -> Path:
 def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_url: str, picks: list[str]) -> dict:
     attrs = study.user_attrs
     bench = trial.user_attrs["bench"]
-    baseline = attrs.get("speed_baseline", {}).get("bench")
+    baselines = [_baseline_entry(b, bench) for b in study_baselines(attrs)]
     workload = attrs["workload"]
     recipe = {
         "schema_version": SCHEMA_VERSION,
@@ -93,14 +111,9 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
                     # Only where the peak also holds loading and building (benchmark/bench.py), so that it says so.
                     **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {})},
         "gate": trial.user_attrs.get("gate"),
-        "baseline": None if baseline is None else {
-            "what": attrs["speed_baseline"].get("what", "speed baseline"),
-            "throughput_tok_s": baseline["throughput_tok_s"],
-            "tpot_p99_ms": baseline["tpot_p99_ms"], "peak_memory_mb": baseline["peak_memory_mb"],
-            "throughput_gain": bench["throughput_tok_s"] / baseline["throughput_tok_s"],
-            "tpot_p99_ratio": _ratio(bench["tpot_p99_ms"], baseline["tpot_p99_ms"]),
-            "memory_ratio": _ratio(bench["peak_memory_mb"], baseline["peak_memory_mb"]),
-        },
+        # The first speed baseline (as a user loads the model), and every one measured in the study.
+        "baseline": {k: v for k, v in baselines[0].items() if k not in ("name", "dtype")} if baselines else None,
+        "baselines": baselines,
         "picks": picks,
         # The trial's completion time, never the export time: re-exporting an unchanged study gives the same bytes.
         "provenance": {"study": study.study_name, "storage": redact(storage_url), "trial": trial.number,
@@ -112,6 +125,16 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     if recipe["quantization"] is None:
         del recipe["quantization"]
     return recipe
+
+
+def _baseline_entry(baseline: dict, bench: dict) -> dict:
+    b = baseline["bench"]
+    return {"name": "/".join(baseline["names"]), "what": baseline.get("what", "speed baseline"),
+            "dtype": baseline.get("dtype"), "throughput_tok_s": b["throughput_tok_s"],
+            "tpot_p99_ms": b["tpot_p99_ms"], "peak_memory_mb": b["peak_memory_mb"],
+            "throughput_gain": bench["throughput_tok_s"] / b["throughput_tok_s"],
+            "tpot_p99_ratio": _ratio(bench["tpot_p99_ms"], b["tpot_p99_ms"]),
+            "memory_ratio": _ratio(bench["peak_memory_mb"], b["peak_memory_mb"])}
 
 
 def _quantization(quant: dict | None) -> dict | None:
@@ -212,7 +235,10 @@ def load_recipe(path: str | Path, *, force: bool = False) -> Recipe:
         raise RecipeInvalid(f"refusing recipe {path}: {shown}. Re-export it, or pass --force to use it "
                             "anyway (it is then treated as unverified)")
     try:
-        DeployConfig(**data["configuration"])
+        DeployConfig.from_dict(data["configuration"])
     except (KeyError, TypeError, ValueError) as exc:
         raise RecipeInvalid(f"recipe {path} has no usable configuration: {exc}") from None
-    return Recipe(data, path, verified=not problems, problems=problems)
+    recipe = Recipe(data, path, verified=not problems, problems=problems)
+    for note in recipe.notes:
+        log(f"recipe {path}: {note}")
+    return recipe

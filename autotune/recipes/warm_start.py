@@ -10,6 +10,7 @@ import optuna
 import yaml
 
 from autotune.config.deploy import DeployConfig
+from autotune.host import is_legacy_class
 from autotune.progress import log
 from autotune.recipes.recipe import recipe_dir
 from autotune.space.search_space import SearchSpace
@@ -21,7 +22,7 @@ def _params(config: dict, space: SearchSpace) -> dict | None:
     """The recipe's configuration as this space's parameters (by Optuna's names, see SearchSpace.trial_params);
     None when the space cannot express it. Knobs a recipe predates take their defaults."""
     try:
-        config = DeployConfig(**config).to_dict()
+        config = DeployConfig.from_dict(config).to_dict()
     except (TypeError, ValueError):
         return None
     params: dict = {}
@@ -81,5 +82,6 @@ def _enqueue_class(study: optuna.Study, space: SearchSpace, folder: Path, hardwa
         tried.append(params)
         count += 1
     if count:
-        log(f"warm start: {count} configurations from the recipes in {folder} are tried first")
+        legacy = " (a class named before classes carried the ISA level)" if is_legacy_class(hardware_class) else ""
+        log(f"warm start: {count} configurations from the recipes in {folder}{legacy} are tried first")
     return count

@@ -17,6 +17,7 @@ import yaml
 from optuna_dashboard import get_note, save_note
 
 from autotune.progress import log
+from autotune.recipes.baselines import study_baselines
 from autotune.results.front import pareto_trials
 from autotune.study.optuna_private import live_trial, set_study_system_attr, study_system_attrs, trial_id
 
@@ -41,7 +42,9 @@ def artifact_store(folder: Path) -> optuna.artifacts.FileSystemArtifactStore:
 
 
 def recipes_by_trial(paths: list[Path], study_name: str) -> dict[int, list[Path]]:
-    """Recipe files of this study grouped by the trial they froze (read from their provenance, not their names)."""
+    """Recipe files of this study grouped by the trial they froze (read from their provenance, not their names);
+    in each group the configuration's own file first, then its picks (best-throughput, ...), whatever order the
+    paths came in, so that a note is the same however often it is written."""
     out: dict[int, list[Path]] = {}
     for path in paths:
         try:
@@ -51,26 +54,33 @@ def recipes_by_trial(paths: list[Path], study_name: str) -> dict[int, list[Path]
         prov = data.get("provenance", {}) if isinstance(data, dict) else {}
         if prov.get("study") == study_name and isinstance(prov.get("trial"), int):
             out.setdefault(prov["trial"], []).append(Path(path))
-    return out
+    return {n: sorted(group, key=lambda p: (_is_pick(p), p.name)) for n, group in out.items()}
 
 
-def _ratio(value: float, base: float | None) -> str:
-    return f" ({value / base:.2f}x the baseline)" if base else ""
+def _is_pick(path: Path) -> bool:
+    """Whether a recipe file is named for a pick rather than for its configuration's digest."""
+    return path.stem.startswith(("best-", "smallest-"))
+
+
+def _ratios(value: float, key: str, baselines: list[dict]) -> str:
+    parts = [f"{value / b['bench'][key]:.2f}x {'/'.join(b['names'])}" + (f" ({b['dtype']})" if b.get("dtype") else "")
+             for b in baselines if b["bench"].get(key)]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def trial_note(study: optuna.Study, trial: optuna.trial.FrozenTrial, recipes: list[Path]) -> str:
     """Markdown for the dashboard: what this point gains over the speed baseline and what it became."""
     bench, gate = trial.user_attrs["bench"], trial.user_attrs.get("gate", {})
-    base = study.user_attrs.get("speed_baseline", {}).get("bench", {})
+    baselines = study_baselines(study.user_attrs)
     simulated = trial.user_attrs.get("source") == "simulated" or study.user_attrs.get("measured") is False
     lines = [f"## Pareto point #{trial.number}: `{trial.user_attrs.get('label', '')}`", ""]
     if simulated:
         lines += ["**Simulated figures** (autotune's analytical model): verify on real hardware.", ""]
     tput, tpot, mem = bench["throughput_tok_s"], bench["tpot_p99_ms"], bench["peak_memory_mb"]
     lines += [
-        f"- throughput **{tput:.1f} tok/s**{_ratio(tput, base.get('throughput_tok_s'))}",
-        f"- TPOT p99 **{tpot:.2f} ms**{_ratio(tpot, base.get('tpot_p99_ms'))}",
-        f"- peak memory **{mem:.0f} MB**{_ratio(mem, base.get('peak_memory_mb'))}",
+        f"- throughput **{tput:.1f} tok/s**{_ratios(tput, 'throughput_tok_s', baselines)}",
+        f"- TPOT p99 **{tpot:.2f} ms**{_ratios(tpot, 'tpot_p99_ms', baselines)}",
+        f"- peak memory **{mem:.0f} MB**{_ratios(mem, 'peak_memory_mb', baselines)}",
         f"- TTFT p50 {bench.get('ttft_p50_ms', float('nan')):.0f} ms",
     ]
     if "tie_aware_agreement" in gate:
@@ -79,9 +89,9 @@ def trial_note(study: optuna.Study, trial: optuna.trial.FrozenTrial, recipes: li
                         if "perplexity" in gate else ""))
     elif gate.get("measured") is False:
         lines.append("- gate: not measured (simulated); `autotune verify` the recipe on the hardware")
-    if base:
-        lines.append(f"\nBaseline: {study.user_attrs['speed_baseline'].get('what', 'speed baseline')}, "
-                     f"{base['throughput_tok_s']:.1f} tok/s, TPOT p99 {base['tpot_p99_ms']:.2f} ms.")
+    for b in baselines:
+        lines.append(f"\nBaseline {'/'.join(b['names'])}: {b.get('what', 'speed baseline')}, "
+                     f"{b['bench']['throughput_tok_s']:.1f} tok/s, TPOT p99 {b['bench']['tpot_p99_ms']:.2f} ms.")
     if recipes:
         names = ", ".join(f"`{p}`" for p in recipes)
         lines += ["", (f"**Recipe:** {names} (download under Artifacts); deploy with "

@@ -33,7 +33,7 @@ def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> lis
     written = []
     for t in trials:
         recipe = build_recipe(study, t, storage_url, picks[t.number])
-        path = folder / f"{DeployConfig(**t.user_attrs['config']).digest()}.yaml"
+        path = folder / f"{DeployConfig.from_dict(t.user_attrs['config']).digest()}.yaml"
         write_recipe(path, recipe)
         written.append(path)
         for name in picks[t.number]:

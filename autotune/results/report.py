@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 
 from autotune.errors import UserInputError
+from autotune.recipes.baselines import study_baselines
 from autotune.results.report_data import Point, is_simulated, points, recipe_rows, search_cost
 from autotune.study.settings import OBJECTIVES
 from autotune.study.storage import load_existing_study
@@ -63,12 +64,12 @@ def _pareto(study: optuna.Study, pts: list[Point], picks: dict[int, list[str]], 
             marker={"color": colour, "symbol": symbol, "line": {"width": 1.5, "color": colour},
                         "size": [_size(p.bench["peak_memory_mb"], lo, hi) for p in group]
                         if x_metric != "peak_memory_mb" else 11}))
-    base = study.user_attrs.get("speed_baseline", {})
-    if base.get("bench"):
+    for base, colour in zip(study_baselines(study.user_attrs), ("#d62728", "#9467bd", "#8c564b")):
         b = base["bench"]
-        fig.add_trace(go.Scatter(x=[b[x_metric]], y=[b["throughput_tok_s"]], mode="markers", name="speed baseline",
+        fig.add_trace(go.Scatter(x=[b[x_metric]], y=[b["throughput_tok_s"]], mode="markers",
+                                 name=f"speed baseline {'/'.join(base['names'])} ({base.get('dtype') or '?'})",
                                  hovertext=[f"baseline: {base.get('what', '')}<br>{b['throughput_tok_s']:.1f} tok/s"],
-                                 hoverinfo="text", marker={"symbol": "star", "size": 18, "color": "#d62728"}))
+                                 hoverinfo="text", marker={"symbol": "star", "size": 18, "color": colour}))
     unbenched = sum(p.outcome in ("gated", "failed") for p in pts)
     fig.update_layout(
         title=f"Throughput against {x_metric} ({len(benched)} benchmarked trials; {unbenched} gated or failed, "

@@ -8,6 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.config.deploy import DeployConfig
+from autotune.recipes.baselines import study_baselines
 from autotune.recipes.recipe import recipe_dir
 from autotune.results.front import exportable, pareto_trials
 
@@ -94,11 +95,12 @@ def recipe_rows(study: optuna.Study, recipes_out: str | Path) -> list[dict]:
     picks: dict[int, list[str]] = {t.number: [] for t in trials}
     for name, index, choose in _PICKS:
         picks[choose(trials, key=lambda t: t.values[index]).number].append(name)
-    base = study.user_attrs.get("speed_baseline", {}).get("bench", {})
+    baselines = study_baselines(study.user_attrs)
+    base = baselines[0]["bench"] if baselines else {}
     rows = []
     for t in trials:
         bench, gate = t.user_attrs["bench"], t.user_attrs.get("gate") or {}
-        path = folder / f"{DeployConfig(**t.user_attrs['config']).digest()}.yaml"
+        path = folder / f"{DeployConfig.from_dict(t.user_attrs['config']).digest()}.yaml"
         rows.append({
             "trial": t.number, "configuration": t.user_attrs.get("label", ""), "picks": picks[t.number],
             "throughput_tok_s": bench["throughput_tok_s"], "tpot_p99_ms": bench["tpot_p99_ms"],

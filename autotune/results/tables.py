@@ -4,14 +4,10 @@ from __future__ import annotations
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.recipes.baselines import study_baselines
 from autotune.results.front import pareto_trials
 
 __all__ = ["pareto_table", "study_summary"]
-
-
-def _baseline_tput(study: optuna.Study) -> float | None:
-    base = study.user_attrs.get("speed_baseline", {}).get("bench")
-    return base["throughput_tok_s"] if base else None
 
 
 def _agreement(gate: dict) -> str:
@@ -31,26 +27,30 @@ _PEAK_FOOTNOTE = "* peak memory not reset before the runs: it includes loading a
 
 
 def pareto_table(study: optuna.Study) -> str:
+    """The front, with the gain in throughput over each speed baseline (one column per distinct measurement)."""
     trials = pareto_trials(study)
-    base = _baseline_tput(study)
-    header = (f"{'trial':>5}  {'configuration':<46} {'tok/s':>7} {'gain':>6} {'TTFT p50':>9} {'TPOT p99':>9} "
-              f"{'peak MB':>8} {'agree':>7}")
+    baselines = study_baselines(study.user_attrs)
+    gain_heads = [f"x{b.get('dtype') or 'base'}" for b in baselines] or ["gain"]
+    header = (f"{'trial':>5}  {'configuration':<50} {'tok/s':>7} " + " ".join(f"{h:>7}" for h in gain_heads)
+              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7}")
     lines = [header, "-" * len(header)]
     for t in trials:
         b, g = t.user_attrs["bench"], t.user_attrs.get("gate", {})
-        gain = f"{b['throughput_tok_s'] / base:.2f}x" if base else "-"
-        lines.append(f"{t.number:>5}  {DeployConfig(**t.user_attrs['config']).label():<46} "
-                     f"{b['throughput_tok_s']:>7.1f} {gain:>6} {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms "
-                     f"{_peak_mb(b):>9}{_agreement(g):>7}")
+        cells = [f"{b['throughput_tok_s'] / base['bench']['throughput_tok_s']:.2f}x" for base in baselines] or ["-"]
+        once = "1" if b.get("repeats", 2) <= 1 else " "  # figures of one timed run: marked (footnote)
+        lines.append(f"{t.number:>5}  {DeployConfig.from_dict(t.user_attrs['config']).label():<50} "
+                     f"{b['throughput_tok_s']:>6.1f}{once} " + " ".join(f"{c:>7}" for c in cells)
+                     + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
-    baseline = study.user_attrs.get("speed_baseline")
-    if baseline:
-        b = baseline["bench"]
-        lines.append(f"baseline: {baseline['what']}, batch {baseline['batch_size']}: {b['throughput_tok_s']:.1f} tok/s, "
-                     f"TTFT p50 {b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, "
-                     f"{_peak_mb(b).rstrip()} MB")
-    benches = [t.user_attrs["bench"] for t in trials] + ([baseline["bench"]] if baseline else [])
+    for base in baselines:
+        b = base["bench"]
+        lines.append(f"baseline {'/'.join(base['names'])}: {base.get('what', 'speed baseline')}, batch "
+                     f"{base.get('batch_size', '?')}: {b['throughput_tok_s']:.1f} tok/s, TTFT p50 "
+                     f"{b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, {_peak_mb(b).rstrip()} MB")
+    if any(t.user_attrs["bench"].get("repeats", 2) <= 1 for t in trials):
+        lines.append("1 measured in one timed run of the workload (its spread is not known)")
+    benches = [t.user_attrs["bench"] for t in trials] + [base["bench"] for base in baselines]
     if any(b.get("peak_memory_reset") is False for b in benches):
         lines.append(_PEAK_FOOTNOTE)
     return "\n".join(lines)

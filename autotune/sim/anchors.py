@@ -75,6 +75,6 @@ def cpu_trial_anchors(storage: str) -> tuple[list[Anchor], list[str]]:
                 continue
             for metric in CPU_METRICS:
                 if bench.get(metric):
-                    anchors.append(Anchor(spec, DeployConfig(**config), workload, metric, float(bench[metric]),
+                    anchors.append(Anchor(spec, DeployConfig.from_dict(config), workload, metric, float(bench[metric]),
                                           f"{summary.study_name} trial #{t.number}"))
     return anchors, names

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from autotune.config.deploy import DTYPE_BYTES
 from autotune.models.registry import ModelSpec
 
 __all__ = [
     "ACT_BYTES",
     "WEIGHT_BYTES",
+    "linear_weight_bytes",
     "StepCost",
     "kernels_per_layer",
     "layer_activation_elems",
@@ -20,10 +22,15 @@ __all__ = [
     "weight_bytes",
 ]
 
-# Bytes per linear-layer weight. int4 carries a bf16 scale and zero point per group of 128 weights; int8 a
-# per-channel scale (negligible). Embedding and lm_head stay 16-bit, as in this project's engine.
-WEIGHT_BYTES = {"bf16": 2.0, "w8a16": 1.0, "w8a8": 1.0, "w4a16": 0.5 + 4 / 128}
-ACT_BYTES = 2.0  # activations in bf16/fp16 between kernels
+# Bytes per linear-layer weight of the quantized schemes. int4 carries a 16-bit scale and zero point per group of
+# 128 weights; int8 a per-channel scale (negligible). Quant "none" stores the dtype's bytes, and the embedding,
+# lm_head and norms stay in the dtype whatever the scheme, as in this project's engine.
+WEIGHT_BYTES = {"w8a16": 1.0, "w8a8": 1.0, "w4a16": 0.5 + 4 / 128}
+ACT_BYTES = 2.0  # bytes of a 16-bit activation or KV element (bf16, fp16); fp32 doubles it (DTYPE_BYTES)
+
+
+def linear_weight_bytes(quant: str, dtype: str = "bf16") -> float:
+    return float(DTYPE_BYTES[dtype]) if quant == "none" else WEIGHT_BYTES[quant]
 
 # The operators of one decoder layer as an engine launches them: (kernels, elements written per token as
 # (hidden, kv_dim, intermediate) multiples, fused away at O2). O2 chains norm+matmul, rope into qkv, the
@@ -51,18 +58,20 @@ def linear_params_per_layer(spec: ModelSpec) -> int:
     return spec.hidden_size * (q_dim * 2 + 2 * kv_dim) + 3 * spec.hidden_size * spec.intermediate_size
 
 
-def weight_bytes(spec: ModelSpec, quant: str) -> float:
-    """Bytes of the deployed weights: quantized decoder linears, 16-bit norms, embedding and lm_head."""
-    linear = spec.num_layers * linear_params_per_layer(spec) * WEIGHT_BYTES[quant]
-    norms = (2 * spec.num_layers + 1) * spec.hidden_size * 2
-    embed = spec.vocab_size * spec.hidden_size * 2 * (1 if spec.tied_embeddings else 2)
+def weight_bytes(spec: ModelSpec, quant: str, dtype: str = "bf16") -> float:
+    """Bytes of the deployed weights: quantized decoder linears, norms, embedding and lm_head in the dtype."""
+    width = DTYPE_BYTES[dtype]
+    linear = spec.num_layers * linear_params_per_layer(spec) * linear_weight_bytes(quant, dtype)
+    norms = (2 * spec.num_layers + 1) * spec.hidden_size * width
+    embed = spec.vocab_size * spec.hidden_size * width * (1 if spec.tied_embeddings else 2)
     return linear + norms + embed
 
 
-def streamed_weight_bytes(spec: ModelSpec, quant: str) -> float:
+def streamed_weight_bytes(spec: ModelSpec, quant: str, dtype: str = "bf16") -> float:
     """Bytes read from memory by one step: every decoder weight and lm_head; only looked-up embedding rows."""
-    linear = spec.num_layers * linear_params_per_layer(spec) * WEIGHT_BYTES[quant]
-    return linear + (2 * spec.num_layers + 1) * spec.hidden_size * 2 + spec.vocab_size * spec.hidden_size * 2
+    width = DTYPE_BYTES[dtype]
+    linear = spec.num_layers * linear_params_per_layer(spec) * linear_weight_bytes(quant, dtype)
+    return linear + (2 * spec.num_layers + 1) * spec.hidden_size * width + spec.vocab_size * spec.hidden_size * width
 
 
 def kernels_per_layer(quant: str, fused: bool) -> int:
@@ -90,17 +99,19 @@ class StepCost:
 
 
 def step_cost(spec: ModelSpec, quant: str, fused: bool, rows: int, new_tokens: int, context: float,
-              page_size: int) -> StepCost:
-    """Prefill: new_tokens = prompt length, context = 0. Decode: new_tokens = 1, context = tokens so far."""
+              page_size: int, dtype: str = "bf16") -> StepCost:
+    """Prefill: new_tokens = prompt length, context = 0. Decode: new_tokens = 1, context = tokens so far.
+    Activations and the KV cache are in `dtype`."""
     tokens = rows * new_tokens
     layers, h = spec.num_layers, spec.hidden_size
-    kv_per_token = spec.kv_bytes_per_token(ACT_BYTES)
+    width = float(DTYPE_BYTES[dtype])
+    kv_per_token = spec.kv_bytes_per_token(width)
     # Logits only for the last position of each sequence, as the engine samples from it alone.
     matmul = 2 * tokens * layers * linear_params_per_layer(spec) + 2 * rows * h * spec.vocab_size
     # q.k and p.v over every earlier position: sum of (context + j) for j in 1..new_tokens
     attended = new_tokens * context + new_tokens * (new_tokens + 1) / 2
     attention = 4 * rows * layers * spec.num_heads * spec.head_dim * attended
-    act = 2 * tokens * layers * layer_activation_elems(spec, fused) * ACT_BYTES
+    act = 2 * tokens * layers * layer_activation_elems(spec, fused) * width
     if quant == "w8a8":  # the int8 copy of each matmul input
         act += tokens * layers * (3 * h + spec.intermediate_size) * 1.0
     # Paged attention reads whole pages of earlier tokens (the tail of the last page too); new K/V is written.
@@ -116,5 +127,6 @@ def step_cost(spec: ModelSpec, quant: str, fused: bool, rows: int, new_tokens: i
         attention = 4 * rows * spec.num_heads * spec.head_dim * (full * attended + windowed * attended_windowed)
         window_read = min(pages_read, (math.ceil(window / page_size) + 1) * page_size)
         kv = rows * (full * pages_read + windowed * window_read + layers * new_tokens) \
-            * spec.kv_bytes_per_token_layer(ACT_BYTES)
-    return StepCost(matmul, attention, streamed_weight_bytes(spec, quant), act, kv, kernels_per_layer(quant, fused))
+            * spec.kv_bytes_per_token_layer(width)
+    return StepCost(matmul, attention, streamed_weight_bytes(spec, quant, dtype), act, kv,
+                    kernels_per_layer(quant, fused))

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from autotune.config.deploy import DTYPES
 from autotune.errors import UserInputError
 from autotune.sim.microbench import measured_peaks
 
@@ -23,7 +24,7 @@ class Factors:
 
     compute_eff: float  # fraction of peak FLOPS that large matmuls reach (prefill)
     bandwidth_eff: float  # fraction of peak bandwidth that weight streaming reaches (decode)
-    quant_bw_eff: dict[str, float]  # streaming efficiency of each quant scheme relative to bf16 (dequant cost)
+    quant_bw_eff: dict[str, float]  # streaming efficiency of each quant scheme relative to quant none (dequant cost)
     eager_launch_us: float  # host dispatch + launch of one operator in eager mode (O0)
     graph_launch_us: float  # launch of one compiled subgraph (O1/O2)
     kernel_us: float  # fixed device cost of one kernel inside a graph
@@ -34,10 +35,14 @@ class Factors:
 
 @dataclass(frozen=True, slots=True)
 class HardwareProfile:
+    """`tflops`: dense matmul peak per precision the hardware computes natively (a precision without one is not
+    offered: `precision_notes` says why). `kernel_slowdown`: "scheme@dtype" -> how many times slower than the
+    plain matmul of the dtype a quantized kernel ran (measured by the CPU's capability probe; empty elsewhere)."""
+
     name: str
     version: int
     description: str
-    bf16_tflops: float
+    tflops: dict[str, float]
     int8_tops: float
     memory_gb: float  # GiB of device memory (HBM sizes are binary)
     bandwidth_gbs: float  # GB/s (decimal), peak
@@ -49,10 +54,24 @@ class HardwareProfile:
     calibration_source: str
     sources: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. load_bytes_per_param on the CPU
+    precision_notes: dict[str, str] = field(default_factory=dict)
+    kernel_slowdown: dict[str, float] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         return f"{self.name} v{self.version}"
+
+    @property
+    def fastest_precision(self) -> str:
+        """The highest-rate precision (bf16 before fp16 before fp32 at equal rates)."""
+        order = ("bf16", "fp16", "fp32")
+        return max(self.tflops, key=lambda d: (self.tflops[d], -order.index(d)))
+
+    def matmul_tflops(self, dtype: str) -> float:
+        if dtype not in self.tflops:
+            why = self.precision_notes.get(dtype, "the profile states no rate for it")
+            raise UserInputError(f"{self.name} does not compute {dtype}: {why}")
+        return self.tflops[dtype]
 
     def level(self, device_power: int) -> dict[str, float]:
         """Clock and bandwidth fractions of a device_power level; 0 (the default) is the full device."""
@@ -89,7 +108,7 @@ def _factors(data: dict[str, Any], calibrated: bool) -> Factors:
     priors = dict(data.get("assumptions") or {})
     fitted = dict((data.get("calibration") or {}).get("factors") or {}) if calibrated else {}
     merged = {**priors, **fitted}
-    quant = {"bf16": 1.0, **(priors.get("quant_bw_eff") or {}), **(fitted.get("quant_bw_eff") or {})}
+    quant = {"none": 1.0, **(priors.get("quant_bw_eff") or {}), **(fitted.get("quant_bw_eff") or {})}
     merged["quant_bw_eff"] = quant
     missing = [f for f in Factors.__dataclass_fields__ if f not in merged]
     if missing:
@@ -112,7 +131,8 @@ def load_profile(name: str, calibrated: bool = True) -> HardwareProfile:
     try:
         return HardwareProfile(
             name=name, version=int(data["version"]), description=str(data.get("description", "")),
-            bf16_tflops=float(peaks["bf16_tflops"]), int8_tops=float(peaks["int8_tops"]),
+            tflops={d: float(peaks[f"{d}_tflops"]) for d in DTYPES if peaks.get(f"{d}_tflops")},
+            int8_tops=float(peaks["int8_tops"]),
             memory_gb=float(peaks["memory_gb"]), bandwidth_gbs=float(peaks["bandwidth_gbs"]),
             power_w=None if peaks.get("power_w") is None else float(peaks["power_w"]),
             factors=_factors(data, calibrated), power_levels=levels, power_kind=str(power.get("kind", "none")),
@@ -120,6 +140,8 @@ def load_profile(name: str, calibrated: bool = True) -> HardwareProfile:
             calibration_source=str(calib.get("source", "uncalibrated: assumptions only")) if calibrated
             else "uncalibrated: assumptions only",
             sources=tuple(data.get("sources") or ()), extra=dict(data.get("extra") or {}),
+            precision_notes={**dict(data.get("precisions") or {}), **dict(peaks.get("precision_notes") or {})},
+            kernel_slowdown=dict(peaks.get("kernel_slowdown") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UserInputError(f"{profile_path(name)}: malformed profile ({exc!r})") from None

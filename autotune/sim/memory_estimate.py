@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from autotune.config.deploy import DeployConfig
+from autotune.config.deploy import DTYPE_BYTES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.models.registry import ModelSpec
-from autotune.sim.cost import ACT_BYTES, layer_activation_elems, weight_bytes
+from autotune.sim.cost import layer_activation_elems, weight_bytes
 from autotune.sim.hardware import HardwareProfile
 
 __all__ = ["MemoryEstimate", "estimate_memory", "kv_bytes_reserved", "kv_pages_reserved"]
@@ -62,13 +62,14 @@ def kv_bytes_reserved(spec: ModelSpec, config: DeployConfig, workload: Workload)
     This project's CPU engine masks instead and keeps every page of every layer: its measured KV is the
     all-layers figure."""
     pages = kv_pages_reserved(config, workload)
+    width = float(DTYPE_BYTES[config.dtype])
     # +1 page: the engine keeps a scratch page for padded rows
     if not spec.num_sliding_layers:
-        return (pages + 1) * config.page_size * spec.kv_bytes_per_token(ACT_BYTES)
+        return (pages + 1) * config.page_size * spec.kv_bytes_per_token(width)
     rows, per_seq = _rows_and_pages(config, workload)
     window_pages = rows * min(per_seq, math.ceil(spec.sliding_window / config.page_size) + 1)
     page_layers = spec.num_full_layers * (pages + 1) + spec.num_sliding_layers * (window_pages + 1)
-    return page_layers * config.page_size * spec.kv_bytes_per_token_layer(ACT_BYTES)
+    return page_layers * config.page_size * spec.kv_bytes_per_token_layer(width)
 
 
 def estimate_memory(spec: ModelSpec, config: DeployConfig, workload: Workload,
@@ -80,7 +81,7 @@ def estimate_memory(spec: ModelSpec, config: DeployConfig, workload: Workload,
     prefill_tokens = rows * workload.prompt_max
     # Live intermediates of one layer's prefill; a compiled graph plans buffers for all its layers, reusing only
     # part of them, so bigger subgraphs hold more (the "memory balanced" split of the reference recipe).
-    per_layer = prefill_tokens * layer_activation_elems(spec, fused) * ACT_BYTES
+    per_layer = prefill_tokens * layer_activation_elems(spec, fused) * DTYPE_BYTES[config.dtype]
     if config.fusion_level == "O0":
         graph_layers = 1.0
     else:
@@ -90,5 +91,5 @@ def estimate_memory(spec: ModelSpec, config: DeployConfig, workload: Workload,
     logits = rows * spec.vocab_size * 4
     activations = per_layer * graph_layers + scores + logits
     load = spec.num_params * float(profile.extra.get("load_bytes_per_param", 0.0))
-    return MemoryEstimate(weight_bytes(spec, config.quant), kv, pages, activations,
+    return MemoryEstimate(weight_bytes(spec, config.quant, config.dtype), kv, pages, activations,
                           profile.factors.workspace_mb * 2**20, load)

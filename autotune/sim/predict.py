@@ -64,10 +64,15 @@ def step_seconds(cost: StepCost, spec: ModelSpec, config: DeployConfig, profile:
     f = profile.factors
     level = profile.level(config.device_power)
     clock, bw_frac = level["clock"], level.get("bandwidth", 1.0)
-    # w8a8 runs its matmuls on the int8 units; weight-only schemes dequantize and multiply in 16-bit.
-    mm_peak = (profile.int8_tops if config.quant == "w8a8" else profile.bf16_tflops) * 1e12
-    compute = (cost.matmul_flops / mm_peak + cost.attention_flops / (profile.bf16_tflops * 1e12)) / (
-        f.compute_eff * clock)
+    # w8a8 runs its matmuls on the int8 units; weight-only schemes dequantize and multiply in the dtype. Where the
+    # profile measured its kernels (cpu-local: the capability probe), a scheme runs at its kernel's measured
+    # fraction of the dtype's rate.
+    dtype_peak = profile.matmul_tflops(config.dtype) * 1e12
+    mm_peak = profile.int8_tops * 1e12 if config.quant == "w8a8" else dtype_peak
+    slowdown = profile.kernel_slowdown.get(f"{config.quant}@{config.dtype}")
+    if slowdown:
+        mm_peak = dtype_peak / slowdown
+    compute = (cost.matmul_flops / mm_peak + cost.attention_flops / dtype_peak) / (f.compute_eff * clock)
     weights = cost.weight_bytes / f.quant_bw_eff.get(config.quant, 1.0)
     memory = (weights + cost.activation_bytes + cost.kv_bytes) / (profile.bandwidth_gbs * 1e9 * f.bandwidth_eff
                                                                   * bw_frac)
@@ -110,10 +115,11 @@ def predict(spec: ModelSpec, config: DeployConfig, workload: Workload, profile: 
     for live in waves:
         rows = config.batch_size if padded else live
         if rows not in cache:
-            prefill = step_cost(spec, config.quant, fused, rows, round(prompt), 0.0, config.page_size)
+            prefill = step_cost(spec, config.quant, fused, rows, round(prompt), 0.0, config.page_size, config.dtype)
             # Decode at the mean context of the wave's steps: cost is linear in context, so the mean is exact
             # apart from page rounding.
-            decode = step_cost(spec, config.quant, fused, rows, 1, prompt + out / 2, config.page_size)
+            decode = step_cost(spec, config.quant, fused, rows, 1, prompt + out / 2, config.page_size,
+                               config.dtype)
             t_pf, _ = step_seconds(prefill, spec, config, profile, rows)
             t_dec, parts = step_seconds(decode, spec, config, profile, rows)
             cache[rows] = (t_pf, t_dec, parts)

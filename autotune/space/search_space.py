@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from autotune.config.deploy import (
+    DTYPES,
     FUSION_LEVELS,
     KV_POLICIES,
     NUMERICS_KNOBS,
@@ -17,10 +18,10 @@ from autotune.config.deploy import (
 )
 from autotune.errors import SpaceError
 
-__all__ = ["Dimension", "SearchSpace", "load_space", "DEFAULT_SPACE"]
+__all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE"]
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
-_KNOWN = ("quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size", "page_size",
+_KNOWN = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size", "page_size",
           "kv_policy", "device_power")
 
 
@@ -51,11 +52,29 @@ class Dimension:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeedBaseline:
+    """A speed baseline every gain is read against: transformers' generate (eager, dynamic cache) on the study's
+    workload. `dtype`: "auto" (as a user loads the model: its own dtype), "fastest" (the device's fastest plain
+    precision, by its capability probe) or a precision."""
+
+    name: str
+    dtype: str
+    batch_size: int
+
+
+# The baselines of a space file that names none.
+_DEFAULT_BASELINES = (SpeedBaseline("as_loaded", "auto", 8), SpeedBaseline("fastest", "fastest", 8))
+
+
+@dataclass(frozen=True, slots=True)
 class SearchSpace:
     dimensions: tuple[Dimension, ...]
     baseline: dict[str, Any]
     source: str = "<memory>"
     dropped: dict[str, str] = field(default_factory=dict)  # what a backend removed, and why
+    speed_baselines: tuple[SpeedBaseline, ...] = _DEFAULT_BASELINES
+    # Values the device runs only through a slow kernel ("w8a16@fp32" -> why): kept, but the guide tries them last.
+    ordered_last: dict[str, str] = field(default_factory=dict)
 
     def dimension(self, name: str) -> Dimension:
         return next(d for d in self.dimensions if d.name == name)
@@ -77,6 +96,14 @@ class SearchSpace:
                 out[dim.trial_name(params)] = params[dim.name]
         return out
 
+    def from_trial_params(self, named: dict[str, Any]) -> dict[str, Any]:
+        """The inverse of trial_params: Optuna's parameter names (an enqueued trial's fixed_params) -> by dimension."""
+        params: dict[str, Any] = {}
+        for dim in self.dimensions:
+            if dim.applies(params) and dim.trial_name(params) in named:
+                params[dim.name] = named[dim.trial_name(params)]
+        return params
+
     def baseline_params(self) -> dict[str, Any]:
         params: dict[str, Any] = {}
         for dim in self.dimensions:
@@ -84,7 +111,9 @@ class SearchSpace:
                 continue
             values = dim.values_for(params)
             value = self.baseline.get(dim.name, values[0])
-            params[dim.name] = max(values) if value == "max" else value
+            # "max": the largest level kept (all cores); "fastest": the first, as a backend orders a dimension
+            # fastest first (dtype, by the capability probe).
+            params[dim.name] = max(values) if value == "max" else values[0] if value == "fastest" else value
         return params
 
     def to_config(self, params: dict[str, Any], fixed: dict[str, Any] | None = None) -> DeployConfig:
@@ -103,6 +132,16 @@ class SearchSpace:
         removed = [v for v in self.dimension(name).values if v not in keep]
         note = f"values {removed} removed: {reason}" if keep else f"dropped: {reason}"
         return replace(self, dimensions=tuple(dims), dropped={**self.dropped, name: note})
+
+    def reorder(self, name: str, order: tuple[Any, ...]) -> SearchSpace:
+        """A copy with `name`'s values in `order` (values not in it keep their place after it)."""
+        dim = self.dimension(name)
+        values = tuple(v for v in order if v in dim.values) + tuple(v for v in dim.values if v not in order)
+        return replace(self, dimensions=tuple(replace(d, values=values) if d.name == name else d
+                                              for d in self.dimensions))
+
+    def note_ordered_last(self, slow: dict[str, str]) -> SearchSpace:
+        return replace(self, ordered_last={**self.ordered_last, **slow})
 
     def grid(self) -> list[dict[str, Any]]:
         """Every configuration's parameters, conditional dimensions only where they apply (as grid_size counts)."""
@@ -176,6 +215,7 @@ def _by_values(path: str, name: str, node: yaml.Node, by: Dimension) -> dict[Any
 
 
 _VALID = {
+    "dtype": lambda v: v in DTYPES,
     "quant": lambda v: v in QUANT_SCHEMES,
     "fusion_level": lambda v: v in FUSION_LEVELS,
     "layers_per_subgraph": lambda v: v == "all" or _positive_int(v),
@@ -207,8 +247,9 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
         raise SpaceError(f"{path}: the file is empty")
     top = _mapping(path, root, "the space file")
     for key, node in top.items():
-        if key not in ("version", "dimensions", "baseline"):
-            raise _fail(path, _key(root, key), f"unknown section {key!r} (expected version, dimensions, baseline)")
+        if key not in ("version", "dimensions", "baseline", "speed_baselines"):
+            raise _fail(path, _key(root, key), f"unknown section {key!r} (expected version, dimensions, baseline, "
+                        "speed_baselines)")
     if "dimensions" not in top:
         raise _fail(path, root, "missing section 'dimensions'")
     dims: list[Dimension] = []
@@ -232,6 +273,9 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
         else:
             values = _scalars(path, spec["values"], f"{name}.values")
         for v in values:
+            if name == "quant" and v == "bf16":
+                raise _fail(path, spec["values"], "quant: 'bf16' is now 'none', with the precision in a dimension "
+                            "of its own: `dtype: {values: [bf16]}`")
             if not _VALID[name](v):
                 raise _fail(path, spec["values"], f"{name}: {v!r} is not a valid value")
         numerics = name in NUMERICS_KNOBS
@@ -254,7 +298,29 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
             if name not in names:
                 raise _fail(path, node, f"baseline sets {name!r}, which is not a dimension of this space")
             value = yaml.safe_load(yaml.serialize(node))
-            if value != "max" and value not in dict((d.name, d.values) for d in dims)[name]:
+            if value not in ("max", "fastest") and value not in dict((d.name, d.values) for d in dims)[name]:
                 raise _fail(path, node, f"baseline {name}={value!r} is not among that dimension's values")
             baseline[name] = value
-    return SearchSpace(tuple(dims), baseline, source=path)
+    speed = _speed_baselines(path, top["speed_baselines"]) if "speed_baselines" in top else _DEFAULT_BASELINES
+    return SearchSpace(tuple(dims), baseline, source=path, speed_baselines=speed)
+
+
+def _speed_baselines(path: str, node: yaml.Node) -> tuple[SpeedBaseline, ...]:
+    out = []
+    for name, spec_node in _mapping(path, node, "speed_baselines").items():
+        spec = _mapping(path, spec_node, f"speed_baselines.{name}")
+        unknown = set(spec) - {"dtype", "batch_size"}
+        if unknown:
+            raise _fail(path, spec_node, f"speed_baselines.{name}: unknown keys {sorted(unknown)} (dtype, batch_size)")
+        dtype = yaml.safe_load(yaml.serialize(spec["dtype"])) if "dtype" in spec else "auto"
+        batch = yaml.safe_load(yaml.serialize(spec["batch_size"])) if "batch_size" in spec else 8
+        if dtype not in ("auto", "fastest", *DTYPES):
+            raise _fail(path, spec.get("dtype", spec_node), f"speed_baselines.{name}.dtype must be auto, fastest or "
+                        f"one of {', '.join(DTYPES)}, not {dtype!r}")
+        if not _positive_int(batch):
+            raise _fail(path, spec.get("batch_size", spec_node), f"speed_baselines.{name}.batch_size must be a "
+                        f"positive integer, not {batch!r}")
+        out.append(SpeedBaseline(name, dtype, batch))
+    if not out:
+        raise _fail(path, node, "speed_baselines needs at least one baseline")
+    return tuple(out)

@@ -10,6 +10,8 @@ tries a scheme whose gate is not known yet, eagerly first (O0, no compile: the c
 passes at all)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import optuna
 
 from autotune.config.deploy import DeployConfig
@@ -36,7 +38,7 @@ _SWEEPS = 4
 # The knobs the simulator models. The others (how a scheme is calibrated, which layers fall back) change accuracy
 # and little else it could predict: guided trials keep them at their first value, or at a variant of the scheme
 # already known to pass, and the sampler's trials explore them.
-SIM_KNOBS = ("quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy", "device_power")
+SIM_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy", "device_power")
 _ACCURACY_KNOBS = ("quant_method", "fallback_layers")
 
 
@@ -48,8 +50,10 @@ class Guide:
     def __init__(self, spec: ModelSpec, space: SearchSpace, workload: Workload, profile: HardwareProfile) -> None:
         self.spec, self.space, self.workload = spec, space, workload
         self.prior = self.profile = profile
+        # Precisions the profile has no rate for (an adapted space holds none) cannot be predicted: left out.
         self.grid = [p for p in space.grid() if all(
-            p.get(dim.name) in (None, *dim.values_for(p)[:1]) for dim in space.dimensions if dim.name not in SIM_KNOBS)]
+            p.get(dim.name) in (None, *dim.values_for(p)[:1]) for dim in space.dimensions if dim.name not in SIM_KNOBS)
+            and p.get("dtype", "bf16") in profile.tflops]
         self.fitted_on = 0
 
     @classmethod
@@ -70,7 +74,7 @@ class Guide:
             bench, config = t.user_attrs.get("bench"), t.user_attrs.get("config")
             if t.state != optuna.trial.TrialState.COMPLETE or not bench or not config or "duplicate_of" in t.user_attrs:
                 continue
-            anchors += [Anchor(self.spec, DeployConfig(**config), self.workload, metric, float(bench[metric]),
+            anchors += [Anchor(self.spec, DeployConfig.from_dict(config), self.workload, metric, float(bench[metric]),
                                f"trial #{t.number}") for metric in CPU_METRICS if bench.get(metric)]
         measured = len({a.source for a in anchors})
         if not anchors or measured == self.fitted_on:
@@ -78,32 +82,36 @@ class Guide:
         values = fit_factors(self.profile, anchors, CPU_FIT, BOUNDS, sweeps=_SWEEPS)
         self.profile, self.fitted_on = with_factors(self.profile, values), measured
 
-    def _gate_knowledge(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[set[str], dict[str, dict], set[str]]:
-        """(numerics keys known to fail, per scheme the accuracy knobs of a variant known to pass (the defaults
-        where they pass, else the one keeping fewest layers in bf16), schemes whose default variant failed eagerly
-        and of which no variant passed)."""
+    def _gate_knowledge(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[set[str], dict[tuple, dict], set[tuple]]:
+        """(numerics keys known to fail, per (scheme, dtype) the accuracy knobs of a variant known to pass (the
+        defaults where they pass, else the one keeping fewest layers in the dtype), the (scheme, dtype) pairs whose
+        default variant failed eagerly and of which no variant passed). A fail of the decode check alone counts as
+        a fail: the guide must not propose those numerics again."""
         failing, failing_eager = set(), set()
-        passing: dict[str, dict] = {}
+        passing: dict[tuple, dict] = {}
         for t in trials:
             gate, config = t.user_attrs.get("gate"), t.user_attrs.get("config")
             if not gate or not config or "tie_aware_agreement" not in gate:
                 continue
-            c = DeployConfig(**config)
+            c = DeployConfig.from_dict(config)
             knobs = {k: getattr(c, k) for k in _ACCURACY_KNOBS if hasattr(c, k)}
+            scheme = (c.quant, c.dtype)
             if gate.get("passed"):
-                best = passing.get(c.quant)
+                best = passing.get(scheme)
                 if best is None or knobs.get("fallback_layers", 0) < best.get("fallback_layers", 0):
-                    passing[c.quant] = knobs
-            elif gate["tie_aware_agreement"] <= gate.get("min_agreement", 0.995) or gate.get("stopped_early"):
+                    passing[scheme] = knobs
+            else:
                 failing.add(c.numerics_key())
                 default_variant = knobs.get("quant_method", "rtn") == "rtn" and not knobs.get("fallback_layers")
                 if c.fusion_level == "O0" and default_variant:
-                    failing_eager.add(c.quant)
+                    failing_eager.add(scheme)
         return failing, passing, failing_eager - set(passing)
 
-    def next_params(self, study: optuna.Study, turn: int) -> tuple[dict, dict] | None:
+    def next_params(self, study: optuna.Study, turn: int,
+                    fits: Callable[[DeployConfig], bool] | None = None) -> tuple[dict, dict] | None:
         """(parameters by dimension name, predicted figures) of the next guided trial; None when the guide has
-        nothing left. Enqueue them as `space.trial_params(parameters)`."""
+        nothing left. `fits`: whether a configuration's trial fits the time left (None: any does). Enqueue them as
+        `space.trial_params(parameters)`."""
         trials = study.get_trials(deepcopy=False)
         self.refit(trials)
         # Optuna's names of the parameters (a knob chosen per scheme is named per scheme: SearchSpace.trial_params).
@@ -112,24 +120,28 @@ class Guide:
         metric, maximise = _TURNS[turn % len(_TURNS)]
         explore = metric == "peak_memory_mb" or not passing
         candidates: dict[tuple, tuple[dict, dict]] = {}
+        last: dict[tuple, tuple[dict, dict]] = {}  # schemes the device runs only through a slow kernel
         for params in self.grid:
             config = DeployConfig.from_params(params)
-            if config.quant in failing_eager or config.numerics_key() in failing:
+            scheme = (config.quant, config.dtype)
+            if scheme in failing_eager or config.numerics_key() in failing:
                 continue
-            if config.quant not in passing and not explore:
+            if scheme not in passing and not explore:
                 continue
-            if config.quant in passing:
-                params = {**params, **{k: v for k, v in passing[config.quant].items() if k in params}}
+            if scheme in passing:
+                params = {**params, **{k: v for k, v in passing[scheme].items() if k in params}}
             elif config.fusion_level != "O0":
                 # Learn the scheme's accuracy eagerly first: the same deployment at O0.
                 params = {k: v for k, v in params.items() if k != "layers_per_subgraph"} | {"fusion_level": "O0"}
             config = DeployConfig.from_params(params)
             key = _key(self.space.trial_params(params))
-            if key in tried or key in candidates:
+            if key in tried or key in candidates or key in last or (fits is not None and not fits(config)):
                 continue
             prediction = predict(self.spec, config, self.workload, self.profile)
             if prediction.feasible:
-                candidates[key] = (params, prediction.bench())
+                slow = f"{config.quant}@{config.dtype}" in self.space.ordered_last
+                (last if slow else candidates)[key] = (params, prediction.bench())
+        candidates = candidates or last
         if not candidates:
             return None
         front = _pareto(list(candidates.values()))

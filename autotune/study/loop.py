@@ -1,7 +1,9 @@
 """The study: Optuna ask/tell over the search space, each trial built, gated and benchmarked by a backend."""
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Callable
 
 import optuna
 
@@ -20,8 +22,10 @@ from autotune.study.coordination import (
     worker_id,
 )
 from autotune.study.guide import GUIDE_ROLE, Guide
-from autotune.study.settings import OBJECTIVES, SearchSettings
+from autotune.study.optuna_private import frozen_trial
+from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings
 from autotune.study.storage import heartbeat_seconds
+from autotune.study.trial_limit import TrialLimit, trial_limit
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["run_search", "best_so_far"]
@@ -125,10 +129,19 @@ def _front(study: optuna.Study) -> list[dict]:
             for t in study.best_trials]
 
 
+def _limit(study: optuna.Study, settings: SearchSettings, guide: Guide | None, config: DeployConfig,
+           gated: bool = True) -> TrialLimit:
+    if guide is not None:
+        guide.refit(study.get_trials(deepcopy=False))  # nothing to do unless a trial was measured since
+    return trial_limit(guide.spec if guide else None, config, settings.workload, guide.profile if guide else None,
+                       study.get_trials(deepcopy=False), repeats=settings.repeats,
+                       repeat_time_s=settings.repeat_time_s, fixed_s=settings.trial_timeout_s, gated=gated)
+
+
 def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
-              config: DeployConfig, common: dict) -> JobResult:
+              config: DeployConfig, common: dict, guide: Guide | None) -> JobResult:
     """The trial's result: a finished twin's result reused, a cached failing gate, or the backend's run."""
-    wait_for_twin(study, trial, settings.trial_timeout_s + 2 * heartbeat_seconds()[1])
+    wait_for_twin(study, trial, (settings.trial_timeout_s or SETUP_TIMEOUT_S) + 2 * heartbeat_seconds()[1])
     trial.set_user_attr("measured_under", _measured_under(settings))
     previous = _previous(study, trial.params, settings)
     if previous is not None:
@@ -146,12 +159,61 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
     job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate,
               front=_front(study), **common)
-    return backend.run(job, settings.trial_timeout_s)
+    limit = _limit(study, settings, guide, config, gated=cached_gate is None)
+    trial.set_user_attr("trial_limit", limit.to_dict())
+    log(f"  limit {limit.seconds:.0f} s: {limit.reason}")
+    started = time.perf_counter()
+    result = backend.run(job, limit.seconds)
+    trial.set_user_attr("trial_seconds", round(time.perf_counter() - started, 1))
+    return result
 
 
-def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int) -> None:
+def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | None) -> Callable[[DeployConfig], float]:
+    """Expected seconds of a configuration's trial: its prediction, corrected by this study's trials (trial_limit);
+    without a profile, the median of this study's trials so far (0 before any)."""
+    trials = study.get_trials(deepcopy=False)
+    measured = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")]
+    median = statistics.median(measured) if measured else 0.0
+    if guide is None:
+        return lambda config: median
+    guide.refit(trials)
+
+    def cost(config: DeployConfig) -> float:
+        limit = trial_limit(guide.spec, config, settings.workload, guide.profile, trials, repeats=settings.repeats,
+                            repeat_time_s=settings.repeat_time_s)
+        return limit.expected_s if limit.expected_s is not None else median
+    return cost
+
+
+# A guided pick may take at most this share of the time left, so that one long compile cannot end the search.
+GUIDED_SHARE_OF_LEFT = 0.5
+
+
+def _enqueued(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether the trial came from the queue (baseline, warm start, guide, retry) rather than from the sampler."""
+    return "fixed_params" in frozen_trial(study, trial).system_attrs
+
+
+def _over_budget(study: optuna.Study, trial: optuna.Trial, config: DeployConfig, cost: float, left: float) -> bool:
+    """A trial that would likely end past the budget is not run: an enqueued one (the baseline, a warm start, the
+    guide's pick) is failed and queued again for the next run, which ends this one; a sampler's pick is recorded as
+    not run, with the reason, and the search goes on to the next."""
+    if cost <= left:
+        return False
+    reason = (f"not run: predicted {cost:.0f} s for {config.label()}, {max(left, 0):.0f} s left of the time budget")
+    log(f"  {reason}")
+    if _enqueued(study, trial):
+        fail_and_retry(study, trial, f"{reason}; queued again for the next run")
+    else:
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return True
+
+
+def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int,
+                    fits: Callable[[DeployConfig], bool] | None) -> None:
     """Unless a trial waits already (the baseline, warm starts, retries) or it is the sampler's turn, queue the
-    guide's next configuration, with what it predicts for it."""
+    guide's next configuration that `fits` the time left, with what it predicts for it."""
     if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
         return
     if sampler_share and done % sampler_share == sampler_share - 1:
@@ -159,7 +221,7 @@ def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share:
         return
     started = time.perf_counter()
     guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
-    picked = guide.next_params(study, turn=guided)
+    picked = guide.next_params(study, turn=guided, fits=fits)
     if picked is None:
         return
     params, predicted = picked
@@ -169,34 +231,51 @@ def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share:
         f"{predicted['peak_memory_mb']:.0f} MB")
 
 
-def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study,
-               baseline_params: dict, *, target: int | None = None) -> None:
+def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
+    """The space's plain deployment as the study's first trial, once (the one place it is enqueued)."""
+    params = space.trial_params(space.baseline_params())
+    if not any(t.params == params or t.system_attrs.get("fixed_params") == params for t in study.trials):
+        study.enqueue_trial(params, user_attrs={"role": "baseline"}, skip_if_exists=True)
+
+
+def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study, *,
+               target: int | None = None) -> None:
     """Run trials until the study holds `target` done trials (default: `settings.trials` more, or the rest of an
     interrupted campaign). Any number of workers may run this on one study at once: they share the budget and
     never evaluate a configuration twice. Finished trials already in the study are kept (resume). On Ctrl-C or
     SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up."""
-    if not any(t.params == baseline_params for t in study.trials):
-        study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"}, skip_if_exists=True)
+    enqueue_baseline(study, space)
     if target is None:
         target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
-                  tie_epsilon=settings.tie_epsilon, repeats=settings.repeats)
-    patience_s = settings.trial_timeout_s + 2 * heartbeat_seconds()[1]
-    guide = Guide.for_backend(backend.name, settings.model, space, settings.workload) if settings.guided else None
+                  tie_epsilon=settings.tie_epsilon, repeats=settings.repeats, repeat_time_s=settings.repeat_time_s)
+    patience_s = (settings.trial_timeout_s or SETUP_TIMEOUT_S) + 2 * heartbeat_seconds()[1]
+    # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
+    # --no-guide it still does that, without ordering the trials.
+    guide = Guide.for_backend(backend.name, settings.model, space, settings.workload)
     started, ran = time.perf_counter(), 0
     while (done := wait_for_slot(study, target, patience_s)) is not None:
-        elapsed = time.perf_counter() - started
-        if settings.timeout_s and ran and elapsed + elapsed / ran > settings.timeout_s:
-            log(f"time budget of {settings.timeout_s / 60:.0f} min reached after {ran} trials; "
-                "run the same command again to continue")
+        left = settings.deadline - time.time() if settings.deadline is not None else float("inf")
+        if left <= 0:
+            log(f"time budget reached after {ran} trials; run the same command again to continue")
             break
-        if guide is not None:
-            _enqueue_guided(study, guide, done, settings.sampler_share)
+        cost = _cost_model(study, settings, guide) if settings.deadline is not None else None
+        if guide is not None and settings.guided:
+            fits = None
+            if cost is not None and ran:
+                def fits(c: DeployConfig, cost=cost, left=left) -> bool:
+                    return cost(c) <= GUIDED_SHARE_OF_LEFT * left
+            _enqueue_guided(study, guide, done, settings.sampler_share, fits)
         trial = study.ask()
         with heartbeat(study, trial):
             try:
                 params = space.suggest(trial)
                 config = DeployConfig.from_params(params)
+                if cost is not None and ran and _over_budget(study, trial, config, cost(config), left):
+                    if _enqueued(study, trial):
+                        log(f"time budget reached after {ran} trials; run the same command again to continue")
+                        break
+                    continue
                 trial.set_user_attr("config", config.to_dict())
                 trial.set_user_attr("label", config.label())
                 trial.set_user_attr("worker", worker_id())
@@ -205,7 +284,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                 k = done + 1
                 log(f"trial {k}/{target} (#{trial.number}{eta}): {config.label()}")
                 notify("trial", k=k, total=target, number=trial.number, label=config.label())
-                result = _evaluate(study, trial, settings, backend, config, common)
+                result = _evaluate(study, trial, settings, backend, config, common, guide)
                 log(f"  -> {_record(study, trial, settings, result)}")
             except BaseException as exc:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), lost storage: retry it later
                 fail_and_retry(study, trial, f"interrupted ({type(exc).__name__}): retried on the next run")

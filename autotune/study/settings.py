@@ -7,7 +7,11 @@ import optuna
 
 from autotune.config.workload import Workload
 
-__all__ = ["SearchSettings", "OBJECTIVES", "SAMPLERS", "make_sampler"]
+__all__ = ["SearchSettings", "OBJECTIVES", "SAMPLERS", "SETUP_TIMEOUT_S", "make_sampler"]
+
+# The set-up's jobs (reference, speed baselines) and the wait for other workers' trials, where no --trial-timeout
+# fixes them: long enough for a big model on a slow machine; a dead worker is found by its heartbeat long before.
+SETUP_TIMEOUT_S = 3600.0
 
 # (name, direction): the study's metric names, in the order of its values.
 OBJECTIVES = (("throughput_tok_s", "maximize"), ("tpot_p99_ms", "minimize"), ("peak_memory_mb", "minimize"))
@@ -27,10 +31,13 @@ class SearchSettings:
     tpot_slo_ms: float | None = None
     sampler: str = "tpe"
     seed: int | None = None
-    trial_timeout_s: float = 900.0
+    trial_timeout_s: float | None = None  # None: each trial's limit derives from its predicted cost (trial_limit.py)
     repeats: int = 3
     trial_memory_mb: float | None = None  # each trial's memory limit (backends/isolated.py: how, per device)
-    timeout_s: float | None = None  # no new trial once one more would likely end past this (Optuna's timeout)
+    timeout_s: float | None = None  # seconds of trials: no new trial once the next would likely end past them
+    # When the trials' time is up (Unix seconds), for every worker of the study: set when the trials begin.
+    deadline: float | None = None
+    repeat_time_s: float = 60.0  # a trial's timed runs stop before passing this (benchmark/policy.py)
     guided: bool = True  # the simulator orders most trials (autotune/study/guide.py) where the backend has a profile
     sampler_share: int = 3  # with guidance, every this-many-th trial is the sampler's own
 

@@ -17,7 +17,8 @@ from autotune.models.weights import model_checksum
 from autotune.progress import log
 from autotune.sim.predict import predict
 from autotune.space.search_space import SearchSpace
-from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.study.baselines import measure_baselines
+from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings, make_sampler
 from autotune.study.storage import open_storage
 from autotune.trial.job import Job, JobKind
 
@@ -55,26 +56,25 @@ def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backen
         "dropped_dimensions": space.dropped, "min_agreement": settings.min_agreement,
         "tie_epsilon": settings.tie_epsilon, "memory_budget_mb": settings.memory_budget_mb,
         "tpot_slo_ms": settings.tpot_slo_ms, "sampler": settings.sampler,
+        "ordered_last": space.ordered_last,
     }
+    caps = backend.capabilities()
+    if caps is not None:
+        attrs["capabilities"] = caps.to_dict()
     for key, value in attrs.items():
         study.set_user_attr(key, value)
     for name, note in space.dropped.items():
         log(f"space: {name} {note}")
+    for label, why in space.ordered_last.items():
+        log(f"space: {label} kept, ordered last by the guide: {why}")
     common: dict[str, Any] = dict(model=settings.model, workload=settings.workload.to_dict(), repeats=settings.repeats)
+    timeout_s = settings.trial_timeout_s or SETUP_TIMEOUT_S
     log("reference: fp32 eager transformers over the evaluation text (cached after the first time)")
-    result = backend.run(Job(kind=JobKind.REFERENCE, eval_positions=EVAL_POSITIONS, **common),
-                         settings.trial_timeout_s)
+    result = backend.run(Job(kind=JobKind.REFERENCE, eval_positions=EVAL_POSITIONS, **common), timeout_s)
     if not result.ok:
         raise UserInputError(f"the reference could not be computed: {result.reason}\n"
                              + "\n".join((result.log_tail or [])[-5:]))
-    baseline = study.user_attrs.get("speed_baseline")
-    if baseline is None or baseline.get("workload") != settings.workload.to_dict():
-        log("speed baseline: transformers generate, bf16 eager, batch 8")
-        result = backend.run(Job(kind=JobKind.HF_BASELINE, **common), settings.trial_timeout_s)
-        if not result.ok or result.bench is None:
-            raise UserInputError(f"the speed baseline failed: {result.reason}")
-        study.set_user_attr("speed_baseline", {**result.to_dict(), "workload": settings.workload.to_dict()})
-        log(f"  baseline: {result.bench['throughput_tok_s']:.1f} tok/s")
+    measure_baselines(study, backend, spec, space, common, timeout_s, caps.fastest if caps else None)
 
 
 def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
@@ -97,8 +97,8 @@ def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: B
         f"predictions, the accuracy gate is not measured")
     for name, note in space.dropped.items():
         log(f"space: {name} {note}")
-    baseline = DeployConfig(quant="bf16", fusion_level="O0", batch_size=8)
+    baseline = DeployConfig(dtype=profile.fastest_precision, quant="none", fusion_level="O0", batch_size=8)
     result = predict(spec, baseline, settings.workload, profile)
     study.set_user_attr("speed_baseline", {
         "status": "ok", "bench": result.bench(), "batch_size": baseline.batch_size, "source": "simulated",
-        "what": "simulated bf16 eager (O0) engine", "workload": settings.workload.to_dict()})
+        "what": f"simulated {baseline.dtype} eager (O0) engine", "workload": settings.workload.to_dict()})

@@ -12,10 +12,11 @@ import resource
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Envelope", "run_child", "limit_memory", "address_space_limited"]
+__all__ = ["Envelope", "run_child", "limit_memory", "address_space_limited", "partial_path"]
 
 
 @dataclass(slots=True)
@@ -35,6 +36,12 @@ class Envelope:
     def from_json(cls, text: str) -> Envelope:
         data = json.loads(text)
         return cls(**{**data, "job": Job(**data["job"])})
+
+
+def partial_path(result_path: Path) -> Path:
+    """Where a child writes what it found before it is done (a trial's gate figures): read by the parent when
+    the child is stopped at its limit."""
+    return result_path.with_name(result_path.stem + ".partial.json")
 
 
 def address_space_limited(device: str) -> bool:

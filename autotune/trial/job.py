@@ -15,7 +15,7 @@ __all__ = ["Job", "JobKind", "JobResult", "Status"]
 class JobKind(str, Enum):
     TRIAL = "trial"  # build, gate (unless the gate figures are given), benchmark
     REFERENCE = "reference"  # the fp32 reference's logits over the evaluation text, cached on disk
-    HF_BASELINE = "hf_baseline"  # the speed baseline: transformers' generate, bf16 eager
+    HF_BASELINE = "hf_baseline"  # a speed baseline: transformers' generate, eager, in `baseline_dtype`
 
 
 class Status(str, Enum):
@@ -36,9 +36,11 @@ class Job:
     tie_epsilon: float = 0.05
     eval_positions: int = EVAL_POSITIONS
     drift_tokens: int = 128
-    repeats: int = 3
+    repeats: int = 3  # at most this many timed runs of the whole workload (benchmark/policy.py)
+    repeat_time_s: float = 60.0  # no timed run starts that would take the timed runs past this
     gate: dict | None = None  # cached gate figures for these numerics: skip the gate
     baseline_batch: int = 8
+    baseline_dtype: str = "auto"  # a speed baseline's precision: "auto" (the model's own) or one of DTYPES
     # The study's Pareto front so far ({"number", "throughput_tok_s", "tpot_p99_ms", "peak_memory_mb"} each): a
     # trial clearly dominated by one of them stops its timed repeats early.
     front: list[dict] = field(default_factory=list)
@@ -73,7 +75,8 @@ class JobResult:
     prediction: dict | None = None
     timing: dict | None = None  # seconds by stage: build_s, gate_s, compile_s (inside the others), bench_s
     path: str | None = None  # a reference job: where its logits are cached
-    batch_size: int | None = None  # the speed baseline: its batch and what it ran
+    batch_size: int | None = None  # the speed baseline: its batch, precision and what it ran
+    dtype: str | None = None
     what: str | None = None
     quant: dict | None = None  # the quantize step: method, layers converted and kept, calibration, sensitivity
 

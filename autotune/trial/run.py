@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 
@@ -12,7 +13,8 @@ import transformers
 
 from autotune.benchmark.bench import benchmark_engine, benchmark_hf_generate
 from autotune.benchmark.peak_rss import rss_bytes
-from autotune.config.deploy import DeployConfig
+from autotune.benchmark.policy import policy_for
+from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
 from autotune.engine import Engine, build_engine
@@ -21,13 +23,17 @@ from autotune.gate.accuracy import GateResult, Reference, compute_reference, dec
 from autotune.gate.cache import gate_key, reference_path, store_gate
 from autotune.gate.corpus import bench_prompts, drift_prompts, eval_set_digest, eval_windows
 from autotune.models.registry import ModelSpec, resolve_model
-from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
+from autotune.models.weights import auto_dtype, load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
 from autotune.quant.plan import quant_plan
 from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
-__all__ = ["run_job"]
+__all__ = ["run_job", "Checkpoint"]
+
+# Called with what a job has found so far (a trial's gate figures, before its benchmark): a trial stopped at its
+# wall-clock limit keeps them (autotune/trial/__main__.py writes them beside the result).
+Checkpoint = Callable[[dict], None]
 
 
 def _versions() -> dict:
@@ -40,7 +46,8 @@ def _versions() -> dict:
     return out
 
 
-def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> JobResult:
+def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+               checkpoint: Checkpoint) -> JobResult:
     path = reference_path(model_checksum(spec), eval_set_digest(job.eval_positions))
     if not path.is_file():
         hf = load_hf_model(spec, "float32")
@@ -84,8 +91,9 @@ def _gate_line(gate: dict) -> str:
     return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
 
 
-def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> JobResult:
-    config = DeployConfig(**job.config)
+def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+           checkpoint: Checkpoint) -> JobResult:
+    config = DeployConfig.from_dict(job.config)
     workload = Workload(**job.workload)
     hf = load_hf_model(spec, "float32")
     log(f"  build {config.label()}")
@@ -99,6 +107,7 @@ def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss
     gate, cached = _gate(job, engine, spec, tokenizer, device, workload)
     timing["gate_s"] = gate["seconds"] = time.perf_counter() - t0
     result.gate, result.gate_cached, result.timing = gate, cached, timing
+    checkpoint({"gate": gate, "gate_cached": cached, "timing": timing, "build_s": engine.build_seconds})
     log(f"  gate: {_gate_line(gate)}")
     if not gate["passed"]:
         result.status = Status.GATED
@@ -108,32 +117,39 @@ def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     t0 = time.perf_counter()
-    result.bench = benchmark_engine(engine, prompts, workload, repeats=job.repeats, base_rss=base_rss,
+    # A screening wave only where a front exists that could cut it.
+    policy = policy_for(config.fusion_level, job.repeats, job.repeat_time_s, screen=bool(job.front))
+    result.bench = benchmark_engine(engine, prompts, workload, policy=policy, base_rss=base_rss,
                                     device=device, cut=dominated_cut(job.front) if job.front else None)
     timing["bench_s"] = time.perf_counter() - t0
     timing["compile_s"] = compile_seconds()
     return result
 
 
-def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> JobResult:
+_SHORT = {torch_name: name for name, torch_name in TORCH_DTYPE_NAMES.items()}
+
+
+def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+                 checkpoint: Checkpoint) -> JobResult:
     workload = Workload(**job.workload)
-    hf = load_hf_model(spec, "bfloat16")
+    torch_name = auto_dtype(spec) if job.baseline_dtype == "auto" else TORCH_DTYPE_NAMES[job.baseline_dtype]
+    hf = load_hf_model(spec, torch_name)
     if device is not None:
         hf = hf.to(device.torch_device)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    bench = benchmark_hf_generate(hf, prompts, workload, job.baseline_batch, pad, repeats=job.repeats,
-                                  base_rss=base_rss, device=device)
-    return JobResult(Status.OK, bench=bench, batch_size=job.baseline_batch,
-                     what="transformers generate, bf16, eager, dynamic cache")
+    bench = benchmark_hf_generate(hf, prompts, workload, job.baseline_batch, pad, base_rss=base_rss, device=device)
+    dtype = _SHORT.get(torch_name, torch_name)
+    how = f'dtype="auto" ({dtype})' if job.baseline_dtype == "auto" else dtype
+    return JobResult(Status.OK, bench=bench, batch_size=job.baseline_batch, dtype=dtype,
+                     what=f"transformers generate, {how}, eager, dynamic cache")
 
 
 # One timed run on these CPUs drifts by up to about 20% (README, "Measured on this machine"): a configuration is
 # clearly dominated only when a front point beats it by more than that on throughput and on TPOT p99, using no
-# more memory (within 10%).
+# more memory. So a cut configuration is dominated on every objective and can never be on the front.
 DOMINATED_MARGIN = 1.25
-MEMORY_SLACK = 1.10
 
 
 def dominated_cut(front: list[dict]):
@@ -142,7 +158,7 @@ def dominated_cut(front: list[dict]):
         for p in front:
             if (p["throughput_tok_s"] > DOMINATED_MARGIN * figures["throughput_tok_s"]
                     and p["tpot_p99_ms"] * DOMINATED_MARGIN < figures["tpot_p99_ms"]
-                    and p["peak_memory_mb"] <= MEMORY_SLACK * figures["peak_memory_mb"]):
+                    and p["peak_memory_mb"] <= figures["peak_memory_mb"]):
                 return (f"clearly dominated by trial #{p['number']} ({p['throughput_tok_s']:.1f} against "
                         f"{figures['throughput_tok_s']:.1f} tok/s, TPOT p99 {p['tpot_p99_ms']:.1f} against "
                         f"{figures['tpot_p99_ms']:.1f} ms, {p['peak_memory_mb']:.0f} against "
@@ -154,16 +170,21 @@ def dominated_cut(front: list[dict]):
 _HANDLERS = {JobKind.TRIAL: _trial, JobKind.REFERENCE: _reference, JobKind.HF_BASELINE: _hf_baseline}
 
 
-def run_job(job: Job, device: Device | None = None) -> JobResult:
+def _no_checkpoint(partial: dict) -> None:
+    return None
+
+
+def run_job(job: Job, device: Device | None = None, checkpoint: Checkpoint = _no_checkpoint) -> JobResult:
     """Run a job in this process, on `device` (None: the CPU path of the engine). Expected failures
-    (AutotuneError) come back as an ERROR result with the reason; anything else propagates to the caller."""
+    (AutotuneError) come back as an ERROR result with the reason; anything else propagates to the caller.
+    `checkpoint` is handed what the job has found before it is done (a trial's gate figures)."""
     if job.threads:
         torch.set_num_threads(job.threads)
     base_rss = rss_bytes()
     spec = resolve_model(job.model)
     tokenizer = load_tokenizer(spec)
     try:
-        result = _HANDLERS[job.kind](job, spec, tokenizer, device, base_rss)
+        result = _HANDLERS[job.kind](job, spec, tokenizer, device, base_rss, checkpoint)
     except AutotuneError as exc:
         result = JobResult.error(str(exc))
     result.versions = _versions()

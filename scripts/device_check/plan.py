@@ -16,11 +16,11 @@ from autotune.space.search_space import load_space
 from autotune.study.settings import OBJECTIVES
 
 CONFIGS: list[dict] = [
-    {"quant": "bf16", "fusion_level": "O0"},
-    {"quant": "w4a16", "fusion_level": "O0"},
-    {"quant": "bf16", "fusion_level": "O1", "layers_per_subgraph": "all"},
-    {"quant": "w8a8", "fusion_level": "O1", "layers_per_subgraph": "all"},
-    {"quant": "bf16", "fusion_level": "O2", "layers_per_subgraph": "all"},
+    {"dtype": "bf16", "quant": "none", "fusion_level": "O0"},
+    {"dtype": "bf16", "quant": "w4a16", "fusion_level": "O0"},
+    {"dtype": "bf16", "quant": "none", "fusion_level": "O1", "layers_per_subgraph": "all"},
+    {"dtype": "bf16", "quant": "w8a8", "fusion_level": "O1", "layers_per_subgraph": "all"},
+    {"dtype": "bf16", "quant": "none", "fusion_level": "O2", "layers_per_subgraph": "all"},
 ]
 
 

@@ -26,7 +26,7 @@ def main(study_name: str, storage: str) -> int:
             config = DeployConfig.from_params(t.system_attrs.get("fixed_params", {})).label()
             print(f"{t.number:>2}  {config:<52} {'not run':<7} (the study's time limit came first)")
             continue
-        config = DeployConfig(**attrs["config"]).label() if "config" in attrs else str(t.params)
+        config = DeployConfig.from_dict(attrs["config"]).label() if "config" in attrs else str(t.params)
         bench = attrs.get("bench")
         compile_s = (attrs.get("timing") or {}).get("compile_s")
         skips = (attrs.get("compile_cache") or {}).get("cudagraph_skips")

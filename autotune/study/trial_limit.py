@@ -1,0 +1,104 @@
+"""Each trial's wall-clock limit, from what the trial is predicted to cost on this machine: the simulator's figures
+for its benchmark and gate (the backend's profile, refitted to this study's trials), compile and calibration
+time as this study measured them (a prior before it has), all scaled by how far this study's finished trials ran
+from their predictions. A floor keeps a quick prediction from starving a trial; a limit never comes from a fixed
+figure that a slow machine's benchmark exceeds. `--trial-timeout` fixes it instead."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import optuna
+
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.gate.corpus import EVAL_POSITIONS
+from autotune.models.registry import ModelSpec
+from autotune.sim.cost import step_cost
+from autotune.sim.hardware import HardwareProfile
+from autotune.sim.predict import predict, step_seconds
+
+__all__ = ["TrialLimit", "trial_limit", "predicted_seconds", "FLOOR_S", "FACTOR", "NO_PROFILE_S"]
+
+FLOOR_S = 300.0
+FACTOR = 2.5  # the limit over the (corrected) prediction: the trials' own spread and the model's error fit in it
+NO_PROFILE_S = 1800.0  # a backend without a profile (CUDA, NPU) before it has measured a trial
+# First-time costs the simulator has no terms for, until this study has measured them (seconds on 2 cores:
+# inductor compiled SmolLM2's 30 segments at O1 in ~220 s on an AVX2 EPYC; O2's freezing took 150-290 s on
+# the AVX-512 machines; a calibrated method's statistics and sensitivity took 198 s the first time).
+COMPILE_PRIOR_S = {"O0": 0.0, "O1": 300.0, "O2": 480.0}
+CALIBRATION_PRIOR_S = 240.0
+LOAD_S = 30.0  # process start, torch import from a cold page cache, weights
+DECODE_CHECK_POSITIONS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TrialLimit:
+    seconds: float
+    predicted_s: float | None
+    reason: str
+    parts: dict[str, float] | None = None
+    expected_s: float | None = None  # the prediction times this study's measured/predicted ratio
+
+    def to_dict(self) -> dict:
+        return {"seconds": round(self.seconds, 1), "predicted_s": None if self.predicted_s is None
+                else round(self.predicted_s, 1), "reason": self.reason, "parts": self.parts}
+
+
+def predicted_seconds(spec: ModelSpec, config: DeployConfig, workload: Workload, profile: HardwareProfile,
+                      repeats: int, repeat_time_s: float, gated: bool = True) -> dict[str, float]:
+    """Seconds of each part of one trial, before compile and calibration: gate (teacher-forced windows, decode
+    check), benchmark (warm-up, screening wave, timed runs as benchmark/policy.py bounds them), loading."""
+    pred = predict(spec, config, workload, profile)
+    run_s = workload.num_requests * workload.output_tokens / max(pred.throughput_tok_s, 1e-9)
+    warmup_s = 0.1 * run_s if config.fusion_level == "O0" else run_s
+    timed_s = min(repeats * run_s, repeat_time_s + run_s)
+    bench_s = warmup_s + 0.5 * run_s + timed_s
+    # The windows are prefilled two at a time, 512 tokens each: their cost per token, as a step of the model.
+    window = step_cost(spec, config.quant, config.fusion_level == "O2", 2, 512, 0.0, config.page_size, config.dtype)
+    window_s, _ = step_seconds(window, spec, config, profile, 2)
+    gate_s = window_s / 1024 * EVAL_POSITIONS + DECODE_CHECK_POSITIONS / config.batch_size * pred.tpot_p50_ms / 1e3
+    return {"load_s": LOAD_S, "gate_s": gate_s if gated else 0.0, "bench_s": bench_s}
+
+
+def _measured(trials: list[optuna.trial.FrozenTrial], key: str, level: str) -> float | None:
+    values = [t.user_attrs["timing"].get(key) for t in trials if t.user_attrs.get("timing")
+              and (t.user_attrs.get("config") or {}).get("fusion_level") == level]
+    values = [v for v in values if v]
+    return max(values) if values else None
+
+
+def _correction(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int]:
+    """Median of measured over predicted seconds of this study's finished trials (1.0 before any)."""
+    ratios = [t.user_attrs["trial_seconds"] / t.user_attrs["trial_limit"]["predicted_s"] for t in trials
+              if t.user_attrs.get("trial_seconds") and (t.user_attrs.get("trial_limit") or {}).get("predicted_s")
+              and t.state.is_finished() and t.state != optuna.trial.TrialState.FAIL]
+    return (statistics.median(ratios), len(ratios)) if ratios else (1.0, 0)
+
+
+def trial_limit(spec: ModelSpec | None, config: DeployConfig, workload: Workload, profile: HardwareProfile | None,
+                trials: list[optuna.trial.FrozenTrial], *, repeats: int, repeat_time_s: float,
+                fixed_s: float | None = None, gated: bool = True) -> TrialLimit:
+    """`gated` False: the gate's figures are cached and only the decode check runs (counted as the gate)."""
+    if fixed_s:
+        return TrialLimit(fixed_s, None, f"--trial-timeout {fixed_s:g} s")
+    if profile is None or spec is None or config.dtype not in profile.tflops:
+        walls = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")]
+        if not walls:
+            return TrialLimit(NO_PROFILE_S, None, f"no profile models this backend: {NO_PROFILE_S:g} s until a "
+                                                  "trial has been measured")
+        limit = max(FLOOR_S, FACTOR * max(walls))
+        return TrialLimit(limit, None, f"{FACTOR}x the longest trial measured here ({max(walls):.0f} s)")
+    parts = predicted_seconds(spec, config, workload, profile, repeats, repeat_time_s, gated)
+    compile_s = _measured(trials, "compile_s", config.fusion_level)
+    parts["compile_s"] = compile_s if compile_s is not None else COMPILE_PRIOR_S[config.fusion_level]
+    if config.quant_method != "rtn" or config.fallback_layers:
+        parts["calibration_s"] = CALIBRATION_PRIOR_S
+    correction, fitted = _correction(trials)
+    predicted = sum(parts.values())
+    limit = max(FLOOR_S, FACTOR * predicted * max(correction, 1.0))
+    how = (f"{FACTOR}x the predicted {predicted:.0f} s" + (f" x {correction:.2f} (this study's trials against their "
+           f"predictions, {fitted} trials)" if fitted and correction > 1.0 else "")
+           + f" on {profile.label}: " + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in parts.items()))
+    reason = how if limit > FLOOR_S else f"the floor of {FLOOR_S:.0f} s ({how})"
+    return TrialLimit(limit, predicted, reason, {k: round(v, 1) for k, v in parts.items()}, predicted * correction)
