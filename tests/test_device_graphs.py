@@ -14,8 +14,8 @@ from autotune.config.deploy import DeployConfig
 from autotune.devices.cuda import CudaDevice, mark_pools_static
 from autotune.devices.npu_graph import POOL_PAGE_DIM, torchair_compile
 from autotune.devices.segment_calls import before_each_call
-from autotune.engine import build as build_module
 from autotune.engine import Request, build_engine
+from autotune.engine import build as build_module
 
 
 @pytest.fixture(autouse=True)

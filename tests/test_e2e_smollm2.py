@@ -64,7 +64,7 @@ def test_search_end_to_end_with_resume(tmp_path):
         "  batch_size: {values: [4]}\n"
         "  page_size: {values: [16, 64]}\n"
         "  kv_policy: {values: [on_demand]}\n"
-        "baseline: {quant: bf16, fusion_level: O0, batch_size: 4, page_size: 16, kv_policy: on_demand}\n")
+        "baseline: {quant: none, fusion_level: O0, batch_size: 4, page_size: 16, kv_policy: on_demand}\n")
     common = ["--study", "e2e", "--storage", storage, "--space", str(space), "--requests", "4",
               "--prompt-tokens", "32:48", "--output-tokens", "8", "--repeats", "1", "--out", str(tmp_path / "r")]
     first = subprocess.run([sys.executable, "-m", "autotune.cli", "search", "--trials", "1", *common],
@@ -73,7 +73,10 @@ def test_search_end_to_end_with_resume(tmp_path):
     assert "tok/s" in first.stdout and "recipe:" in first.stdout
     study = optuna.load_study(study_name="e2e", storage=storage)
     assert len(study.trials) == 1 and study.trials[0].user_attrs["gate"]["passed"]
-    study.enqueue_trial({"quant": "w8a8", "fusion_level": "O0", "batch_size": 4, "page_size": 64,
+    # The space names no dtype: the backend fixed it at the CPU's fastest plain precision (fp32 on AVX2).
+    dtype = study.trials[0].params["dtype"]
+    assert dtype == study.user_attrs["capabilities"]["precisions"][0]["name"]
+    study.enqueue_trial({"dtype": dtype, "quant": "w8a8", "fusion_level": "O0", "batch_size": 4, "page_size": 64,
                          "kv_policy": "on_demand"})
     second = subprocess.run([sys.executable, "-m", "autotune.cli", "search", "--trials", "1", *common],
                             capture_output=True, text=True, timeout=900)

@@ -78,6 +78,14 @@ def test_avx512_bf16_keeps_bf16_and_leads_with_it_where_it_is_faster():
     assert capped.offered == ("fp32",)
 
 
+def test_a_space_that_names_no_precision_computes_in_the_fastest_one(tmp_path):
+    path = tmp_path / "space.yaml"
+    path.write_text("dimensions:\n  quant: {values: [none, w8a16]}\n  batch_size: {values: [4, 8]}\n")
+    space = restrict_space(load_space(path), _caps(ZEN3_AVX2, AVX2_US))
+    assert space.dimension("dtype").values == ("fp32",) and "names no dtype" in space.dropped["dtype"]
+    assert all(DeployConfig.from_params(p).dtype == "fp32" for p in space.grid())
+
+
 def test_amx_offers_every_precision_fastest_first():
     assert _caps(XEON_AMX, AMX_US).offered == ("bf16", "fp16", "fp32")
 

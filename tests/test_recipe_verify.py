@@ -125,3 +125,20 @@ def test_simulated_recipe_runs_on_its_backend_when_here_else_says_not_comparable
     assert "NOT comparable" in shown and "simulator error" not in shown and "OUT OF TOLERANCE" not in shown
     rows = [line for line in shown.splitlines() if line.startswith(("throughput_tok_s", "peak_memory_mb"))]
     assert len(rows) == 2 and all(line.endswith("not comparable") for line in rows)
+
+
+def test_a_recipe_of_another_hardware_class_is_regated_but_its_figures_are_not_judged(measured, capsys, tmp_path):
+    """An AVX-512-bf16 machine's recipe verified here: its figures say nothing about this machine, however far off
+    they are (10x better here), so only the gate decides."""
+    _, _, out = measured
+    data = yaml.safe_load(out.read_text())
+    data["hardware"] = {**data["hardware"], "hardware": "cpu-amd-epyc-avx512bf16-2c"}
+    data["metrics"]["throughput_tok_s"] *= 10
+    data["checksum"] = recipe_checksum(data)
+    other = tmp_path / "other-class.yaml"
+    other.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert main(["verify", str(other), "--repeats", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "measured on cpu-amd-epyc-avx512bf16-2c" in shown and "NOT comparable" in shown
+    assert "not comparable" in shown and "OUT OF TOLERANCE" not in shown and "were not judged" in shown

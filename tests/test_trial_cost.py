@@ -67,12 +67,18 @@ def test_the_limit_learns_from_the_trials_measured_here(tmp_path):
     profile = _slow(load_profile("a100-80g"), 2000.0)
     config = DeployConfig(quant="none", dtype="bf16", batch_size=8)
     first = trial_limit(SMOL, config, Workload(), profile, [], repeats=3, repeat_time_s=60)
-    ran = types.SimpleNamespace(user_attrs={"trial_seconds": 3 * first.predicted_s,
-                                            "trial_limit": {"predicted_s": first.predicted_s}},
+    ran = types.SimpleNamespace(user_attrs={"trial_seconds": 3 * first.predicted_s, "trial_limit": first.to_dict()},
                                 state=optuna.trial.TrialState.COMPLETE)
     again = trial_limit(SMOL, config, Workload(), profile, [ran], repeats=3, repeat_time_s=60)  # type: ignore[list-item]
-    assert again.seconds == pytest.approx(3 * first.seconds) and "3.00 (this study's trials" in again.reason
-    assert again.expected_s == pytest.approx(3 * first.predicted_s)
+    assert again.seconds == pytest.approx(3 * first.seconds, rel=1e-3) and "x 3.00: this study's 1 trials" in again.reason
+    assert again.expected_s == pytest.approx(3 * first.predicted_s, rel=1e-3)
+    # A compile prior is not scaled by what eager trials taught: a fast machine's O0 trials do not make a compile
+    # look short.
+    quick = types.SimpleNamespace(user_attrs={"trial_seconds": 0.1 * first.predicted_s,
+                                              "trial_limit": first.to_dict()}, state=optuna.trial.TrialState.COMPLETE)
+    fused = DeployConfig(quant="none", dtype="bf16", batch_size=8, fusion_level="O2", layers_per_subgraph=4)
+    o2 = trial_limit(SMOL, fused, Workload(), profile, [quick], repeats=3, repeat_time_s=60)  # type: ignore[list-item]
+    assert o2.expected_s >= o2.parts["compile_s"] == 480.0
 
 
 def test_timed_runs_stop_on_spread_time_or_count():
@@ -171,3 +177,21 @@ def test_the_probe_and_the_trials_see_the_same_isa_caps():
                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() in ("avx2", "sse")
+
+
+def test_a_pick_past_the_budget_is_recorded_not_run_and_a_queued_one_waits_for_the_next_run():
+    from autotune.study.coordination import tally
+    from autotune.study.loop import _over_budget
+
+    study = optuna.create_study(directions=["maximize", "minimize", "minimize"])
+    config = DeployConfig(quant="none", dtype="fp32")
+    sampled = study.ask()
+    assert not _over_budget(study, sampled, config, 100.0, 200.0)  # it fits: nothing happens
+    assert _over_budget(study, sampled, config, 300.0, 200.0)
+    frozen = study.trials[0]
+    assert frozen.state == optuna.trial.TrialState.FAIL and "300 s" in frozen.user_attrs["reason"]
+    assert tally(study.trials)[0] == 0  # not counted against --trials
+    study.enqueue_trial({"x": 1})
+    queued = study.ask()
+    assert _over_budget(study, queued, config, 300.0, 200.0)
+    assert study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # queued again for the next run

@@ -31,7 +31,7 @@ class CpuBackend(Backend):
             if keep != space.dimension("device_power").values:
                 space = space.restrict("device_power", keep or (cores,),
                                        f"device_power is the thread count on the CPU and this machine has {cores} cores")
-        return restrict_space(space, self.capabilities()) if "dtype" in names else space
+        return restrict_space(space, self.capabilities())
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)

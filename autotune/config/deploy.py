@@ -5,8 +5,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES", "QUANT_METHODS",
-           "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES"]
+__all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES",
+           "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES"]
 
 # The storage and compute precision of everything a quantization scheme leaves unquantized: every layer under
 # quant "none", the activations and arithmetic of the weight-only schemes, the kept (fallback) layers, the

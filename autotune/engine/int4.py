@@ -1,7 +1,7 @@
 """Int4 weight-only linear for the CPU: PyTorch's own packed-int4 kernel (_weight_int4pack_mm_for_cpu).
 
-torchao's Int4WeightOnlyConfig needs kernels this CPU build lacks (it failed with `Requires mslk >= 1.0.0`), so the same scheme
-(asymmetric, per group along the input dimension, tinygemm's zero-point convention) is built here."""
+torchao's Int4WeightOnlyConfig needs kernels this CPU build lacks (it failed with `Requires mslk >= 1.0.0`), so the
+same scheme (asymmetric, per group along the input dimension, tinygemm's zero-point convention) is built here."""
 from __future__ import annotations
 
 import torch

@@ -94,15 +94,19 @@ class EngineModel(nn.Module):
         eos = cfg.eos_token_id
         self.eos_token_id: int | None = eos[0] if isinstance(eos, list) else eos
         inner = hf_model.model
-        self.embed = nn.Embedding.from_pretrained(inner.embed_tokens.weight.detach().to(dtype), freeze=True)
+        # copy=True: in fp32 a plain .to() returns the checkpoint's own tensor, which lives in the safetensors
+        # file's mapping; holding it kept the whole mapping resident (400 MB of SmolLM2) after the HF model went.
+        self.embed = nn.Embedding.from_pretrained(inner.embed_tokens.weight.detach().to(dtype, copy=True),
+                                                  freeze=True)
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does.
         self.embed_scale: torch.Tensor | None
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5).to(dtype) if arch.embed_scale
                              else None, persistent=False)
-        self.final_norm = nn.Parameter(inner.norm.weight.detach().to(dtype), requires_grad=False)
+        self.final_norm = nn.Parameter(inner.norm.weight.detach().to(dtype, copy=True), requires_grad=False)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype)
         self.lm_head.weight = (self.embed.weight if cfg.tie_word_embeddings
-                               else nn.Parameter(hf_model.lm_head.weight.detach().to(dtype), requires_grad=False))
+                               else nn.Parameter(hf_model.lm_head.weight.detach().to(dtype, copy=True),
+                                                 requires_grad=False))
         # Gemma 3: sliding layers take their own (local) rope parameters, the others the full_attention ones.
         local_rope = [arch.rope_per_layer_type and kind == "sliding_attention"
                       for kind in getattr(cfg, "layer_types", None) or [None] * self.num_layers]

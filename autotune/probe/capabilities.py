@@ -3,10 +3,10 @@ each quantized kernel (and whether the guide should order it last), the figures 
 space is restricted by it (`restrict_space`) and the study stores it whole (`to_dict`)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import Dimension, SearchSpace
 
 __all__ = ["Precision", "Kernel", "Capabilities", "restrict_space", "EMULATED_RATIO", "SLOW_KERNEL_RATIO"]
 
@@ -91,7 +91,11 @@ def restrict_space(space: SearchSpace, caps: Capabilities) -> SearchSpace:
     ordered fastest first (so that a baseline of `dtype: fastest` is the first), and the slow kernels noted for the
     guide (`ordered_last`)."""
     if "dtype" not in {d.name for d in space.dimensions}:
-        return space
+        # A space that names no precision computes in the device's fastest, not in a default it may only emulate.
+        fixed = Dimension("dtype", (caps.fastest,), numerics=True)
+        space = replace(space, dimensions=(fixed, *space.dimensions), dropped={
+            **space.dropped, "dtype": f"fixed at {caps.fastest}, the device's fastest plain precision: the space file "
+                                      "names no dtype"})
     values = space.dimension("dtype").values
     keep = tuple(name for name in caps.offered if name in values)
     removed = [p for p in caps.precisions if p.name in values and p.name not in keep]

@@ -124,7 +124,8 @@ def format_table(rows: list[Row], min_agreement: float = 0.995) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         verdict = f"error: {r.error}" if r.error else ("pass" if r.passed else "FAIL")
-        lines.append(f"| {r.scheme} | {r.dtype} | {r.method} | {r.fallback_layers} | {_f(r.tie_aware_agreement, '.4f')} | "
+        lines.append(f"| {r.scheme} | {r.dtype} | {r.method} | {r.fallback_layers} | "
+                     f"{_f(r.tie_aware_agreement, '.4f')} | "
                      f"{_f(r.raw_agreement, '.4f')} | {_f(r.decode_agreement, '.4f')} | {_f(r.perplexity, '.2f')} | "
                      f"{_f(r.weight_mb, '.1f')} | {verdict} |")
     if rows and rows[0].reference_perplexity is not None:

@@ -32,15 +32,16 @@ def pareto_table(study: optuna.Study) -> str:
     baselines = study_baselines(study.user_attrs)
     gain_heads = [f"x{b.get('dtype') or 'base'}" for b in baselines] or ["gain"]
     header = (f"{'trial':>5}  {'configuration':<50} {'tok/s':>7} " + " ".join(f"{h:>7}" for h in gain_heads)
-              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7}")
+              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'runs':>4}")
     lines = [header, "-" * len(header)]
     for t in trials:
         b, g = t.user_attrs["bench"], t.user_attrs.get("gate", {})
         cells = [f"{b['throughput_tok_s'] / base['bench']['throughput_tok_s']:.2f}x" for base in baselines] or ["-"]
-        once = "1" if b.get("repeats", 2) <= 1 else " "  # figures of one timed run: marked (footnote)
+        runs = b.get("repeats")
         lines.append(f"{t.number:>5}  {DeployConfig.from_dict(t.user_attrs['config']).label():<50} "
-                     f"{b['throughput_tok_s']:>6.1f}{once} " + " ".join(f"{c:>7}" for c in cells)
-                     + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7}")
+                     f"{b['throughput_tok_s']:>7.1f} " + " ".join(f"{c:>7}" for c in cells)
+                     + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7} "
+                     f"{'-' if runs is None else runs:>4}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
     for base in baselines:
@@ -49,7 +50,7 @@ def pareto_table(study: optuna.Study) -> str:
                      f"{base.get('batch_size', '?')}: {b['throughput_tok_s']:.1f} tok/s, TTFT p50 "
                      f"{b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, {_peak_mb(b).rstrip()} MB")
     if any(t.user_attrs["bench"].get("repeats", 2) <= 1 for t in trials):
-        lines.append("1 measured in one timed run of the workload (its spread is not known)")
+        lines.append("runs: timed runs of the whole workload; a point of one run has no known spread")
     benches = [t.user_attrs["bench"] for t in trials] + [base["bench"] for base in baselines]
     if any(b.get("peak_memory_reset") is False for b in benches):
         lines.append(_PEAK_FOOTNOTE)

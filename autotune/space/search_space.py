@@ -21,8 +21,8 @@ from autotune.errors import SpaceError
 __all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE"]
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
-_KNOWN = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size", "page_size",
-          "kv_policy", "device_power")
+_KNOWN = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size",
+          "page_size", "kv_policy", "device_power")
 
 
 @dataclass(frozen=True, slots=True)

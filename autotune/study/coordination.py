@@ -16,13 +16,14 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.progress import log
 from autotune.study.optuna_private import frozen_trial, heartbeat_thread
 
-__all__ = ["tally", "budget_target", "wait_for_slot", "running_twin", "wait_for_twin", "heartbeat",
+__all__ = ["NOT_RUN_ATTR", "tally", "budget_target", "wait_for_slot", "running_twin", "wait_for_twin", "heartbeat",
            "fail_and_retry", "worker_id", "POLL_S"]
 
 POLL_S = 0.5
 # Optuna warns that heartbeats are meant for Study.optimize; ask/tell with our own heartbeat thread is the same.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 TARGET_ATTR = "target_trials"
+NOT_RUN_ATTR = "not_run"
 
 
 def worker_id() -> str:
@@ -30,9 +31,11 @@ def worker_id() -> str:
 
 
 def tally(trials: list[FrozenTrial]) -> tuple[int, int, int]:
-    """(done, running, waiting). A failed trial that was retried is replaced by its retry, so it is not done."""
+    """(done, running, waiting). A failed trial that was retried is replaced by its retry, so it is not done; a
+    sampler's pick that was not run (it would have ended past the time budget) is not done either."""
     superseded = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    done = sum(t.state.is_finished() and t.number not in superseded for t in trials)
+    done = sum(t.state.is_finished() and t.number not in superseded and not t.user_attrs.get(NOT_RUN_ATTR)
+               for t in trials)
     running = sum(t.state == TrialState.RUNNING for t in trials)
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     return done, running, waiting

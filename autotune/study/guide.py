@@ -38,7 +38,8 @@ _SWEEPS = 4
 # The knobs the simulator models. The others (how a scheme is calibrated, which layers fall back) change accuracy
 # and little else it could predict: guided trials keep them at their first value, or at a variant of the scheme
 # already known to pass, and the sampler's trials explore them.
-SIM_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy", "device_power")
+SIM_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy",
+             "device_power")
 _ACCURACY_KNOBS = ("quant_method", "fallback_layers")
 
 

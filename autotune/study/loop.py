@@ -14,6 +14,7 @@ from autotune.progress import log, notify
 from autotune.space.search_space import SearchSpace
 from autotune.study.cache_stats import record_hit_rates
 from autotune.study.coordination import (
+    NOT_RUN_ATTR,
     budget_target,
     fail_and_retry,
     heartbeat,
@@ -185,8 +186,20 @@ def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | No
     return cost
 
 
-# A guided pick may take at most this share of the time left, so that one long compile cannot end the search.
+# A guided pick may take at most this share of the time left (or no longer than 1.5 typical trials here), so that
+# one long compile cannot end the search; never more than 90% of it.
 GUIDED_SHARE_OF_LEFT = 0.5
+
+
+# Sampler picks in a row that would end past the budget before the search gives the rest up.
+MAX_MISSES = 3
+
+
+def _typical_trial_s(study: optuna.Study) -> float:
+    """1.5x the median wall time of this study's trials (0 before any)."""
+    walls = [t.user_attrs["trial_seconds"] for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get("trial_seconds")]
+    return 1.5 * statistics.median(walls) if walls else 0.0
 
 
 def _enqueued(study: optuna.Study, trial: optuna.Trial) -> bool:
@@ -206,29 +219,32 @@ def _over_budget(study: optuna.Study, trial: optuna.Trial, config: DeployConfig,
         fail_and_retry(study, trial, f"{reason}; queued again for the next run")
     else:
         trial.set_user_attr("reason", reason)
+        trial.set_user_attr(NOT_RUN_ATTR, True)  # not counted in the trial budget (coordination.tally)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
     return True
 
 
 def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int,
-                    fits: Callable[[DeployConfig], bool] | None) -> None:
+                    fits: Callable[[DeployConfig], bool] | None, sampler_turn: bool = True) -> bool:
     """Unless a trial waits already (the baseline, warm starts, retries) or it is the sampler's turn, queue the
-    guide's next configuration that `fits` the time left, with what it predicts for it."""
+    guide's next configuration that `fits` the time left, with what it predicts for it. False when it was the
+    guide's turn and nothing it would propose fits."""
     if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-        return
-    if sampler_share and done % sampler_share == sampler_share - 1:
+        return True
+    if sampler_turn and sampler_share and done % sampler_share == sampler_share - 1:
         log("  this trial is the sampler's (TPE) own")
-        return
+        return True
     started = time.perf_counter()
     guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
     picked = guide.next_params(study, turn=guided, fits=fits)
     if picked is None:
-        return
+        return fits is None or guide.next_params(study, turn=guided) is None
     params, predicted = picked
     study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE, "predicted": predicted})
     log(f"  guide ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted "
         f"{predicted['throughput_tok_s']:.1f} tok/s, TPOT p99 {predicted['tpot_p99_ms']:.1f} ms, "
         f"{predicted['peak_memory_mb']:.0f} MB")
+    return True
 
 
 def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
@@ -253,7 +269,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
     # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
     # --no-guide it still does that, without ordering the trials.
     guide = Guide.for_backend(backend.name, settings.model, space, settings.workload)
-    started, ran = time.perf_counter(), 0
+    started, ran, skipped, misses = time.perf_counter(), 0, False, 0
     while (done := wait_for_slot(study, target, patience_s)) is not None:
         left = settings.deadline - time.time() if settings.deadline is not None else float("inf")
         if left <= 0:
@@ -263,19 +279,33 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
         if guide is not None and settings.guided:
             fits = None
             if cost is not None and ran:
-                def fits(c: DeployConfig, cost=cost, left=left) -> bool:
-                    return cost(c) <= GUIDED_SHARE_OF_LEFT * left
-            _enqueue_guided(study, guide, done, settings.sampler_share, fits)
+                typical = _typical_trial_s(study)
+
+                def fits(c: DeployConfig, cost=cost, left=left, typical=typical) -> bool:
+                    expected = cost(c)
+                    return expected <= 0.9 * left and (expected <= GUIDED_SHARE_OF_LEFT * left or expected <= typical)
+            if not _enqueue_guided(study, guide, done, settings.sampler_share, fits, sampler_turn=not skipped):
+                log(f"time budget reached after {ran} trials: nothing the guide would try is predicted to end in the "
+                    f"{left:.0f} s left; run the same command again to continue")
+                break
         trial = study.ask()
         with heartbeat(study, trial):
             try:
                 params = space.suggest(trial)
                 config = DeployConfig.from_params(params)
+                skipped = False
                 if cost is not None and ran and _over_budget(study, trial, config, cost(config), left):
                     if _enqueued(study, trial):
                         log(f"time budget reached after {ran} trials; run the same command again to continue")
                         break
+                    skipped = True  # not counted in the budget; the next turn is the guide's
+                    misses += 1
+                    if misses >= MAX_MISSES:
+                        log(f"time budget reached after {ran} trials: the sampler's last {misses} picks would all "
+                            "end past it; run the same command again to continue")
+                        break
                     continue
+                misses = 0
                 trial.set_user_attr("config", config.to_dict())
                 trial.set_user_attr("label", config.label())
                 trial.set_user_attr("worker", worker_id())

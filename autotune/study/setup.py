@@ -15,9 +15,11 @@ from autotune.gate.corpus import EVAL_POSITIONS, eval_set_digest
 from autotune.models.registry import ModelSpec
 from autotune.models.weights import model_checksum
 from autotune.progress import log
+from autotune.sim.hardware import load_profile
 from autotune.sim.predict import predict
 from autotune.space.search_space import SearchSpace
 from autotune.study.baselines import measure_baselines
+from autotune.study.guide import PROFILE_OF_BACKEND
 from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings, make_sampler
 from autotune.study.storage import open_storage
 from autotune.trial.job import Job, JobKind
@@ -75,6 +77,10 @@ def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backen
         raise UserInputError(f"the reference could not be computed: {result.reason}\n"
                              + "\n".join((result.log_tail or [])[-5:]))
     measure_baselines(study, backend, spec, space, common, timeout_s, caps.fastest if caps else None)
+    if backend.name in PROFILE_OF_BACKEND:
+        # The guide's profile measures this machine's peaks the first time: part of the set-up, not of a trial.
+        log(f"simulator profile {PROFILE_OF_BACKEND[backend.name]}: peaks of this machine (measured once, cached)")
+        load_profile(PROFILE_OF_BACKEND[backend.name])
 
 
 def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,

@@ -68,11 +68,22 @@ def _measured(trials: list[optuna.trial.FrozenTrial], key: str, level: str) -> f
     return max(values) if values else None
 
 
+_SIMULATED = ("load_s", "gate_s", "bench_s")
+
+
 def _correction(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int]:
-    """Median of measured over predicted seconds of this study's finished trials (1.0 before any)."""
-    ratios = [t.user_attrs["trial_seconds"] / t.user_attrs["trial_limit"]["predicted_s"] for t in trials
-              if t.user_attrs.get("trial_seconds") and (t.user_attrs.get("trial_limit") or {}).get("predicted_s")
-              and t.state.is_finished() and t.state != optuna.trial.TrialState.FAIL]
+    """Median, over this study's finished trials, of their measured seconds outside compiling against the part of
+    their prediction the simulator made (load, gate, benchmark); 1.0 before any. Compile and calibration are not
+    scaled by it: they are priors or measured seconds already."""
+    ratios = []
+    for t in trials:
+        limit = t.user_attrs.get("trial_limit") or {}
+        parts, wall = limit.get("parts") or {}, t.user_attrs.get("trial_seconds")
+        simulated = sum(parts.get(k, 0.0) for k in _SIMULATED)
+        if not wall or not simulated or not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
+            continue
+        compiled = (t.user_attrs.get("timing") or {}).get("compile_s") or 0.0
+        ratios.append(max(wall - compiled, 0.0) / simulated)
     return (statistics.median(ratios), len(ratios)) if ratios else (1.0, 0)
 
 
@@ -95,10 +106,13 @@ def trial_limit(spec: ModelSpec | None, config: DeployConfig, workload: Workload
     if config.quant_method != "rtn" or config.fallback_layers:
         parts["calibration_s"] = CALIBRATION_PRIOR_S
     correction, fitted = _correction(trials)
-    predicted = sum(parts.values())
-    limit = max(FLOOR_S, FACTOR * predicted * max(correction, 1.0))
-    how = (f"{FACTOR}x the predicted {predicted:.0f} s" + (f" x {correction:.2f} (this study's trials against their "
-           f"predictions, {fitted} trials)" if fitted and correction > 1.0 else "")
+    simulated = sum(parts[k] for k in _SIMULATED)
+    fixed = sum(v for k, v in parts.items() if k not in _SIMULATED)
+    predicted = simulated + fixed
+    limit = max(FLOOR_S, FACTOR * (simulated * max(correction, 1.0) + fixed))
+    how = (f"{FACTOR}x the predicted {predicted:.0f} s" + (f" (load, gate and benchmark x {correction:.2f}: this "
+           f"study's {fitted} trials against their predictions)" if fitted and correction > 1.0 else "")
            + f" on {profile.label}: " + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in parts.items()))
     reason = how if limit > FLOOR_S else f"the floor of {FLOOR_S:.0f} s ({how})"
-    return TrialLimit(limit, predicted, reason, {k: round(v, 1) for k, v in parts.items()}, predicted * correction)
+    return TrialLimit(limit, predicted, reason, {k: round(v, 1) for k, v in parts.items()},
+                      simulated * correction + fixed)

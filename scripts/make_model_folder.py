@@ -1,0 +1,63 @@
+"""Write a random model of another supported architecture as a Hugging Face folder, with SmolLM2's tokenizer (so that
+the shipped text tokenizes), to try `autotune search --model FOLDER` on a model that is not SmolLM2.
+
+    python scripts/make_model_folder.py qwen3-tiny-peaked OUT     # 4 layers, hidden 64, weights of std 0.5
+    python scripts/make_model_folder.py gemma3-270m-random OUT    # google/gemma-3-270m's shapes, default init
+
+The Gemma one has the published gemma-3-270m config's shapes (18 layers, hidden 640, 4 heads, 1 KV head of 256,
+vocabulary 262,144, a 512-token sliding window on five of every six layers); its weights are random, so its
+figures are of the shapes, not of the model."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from autotune.models.registry import resolve_model  # noqa: E402
+from autotune.models.weights import weights_folder  # noqa: E402
+
+_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+KINDS = {
+    "qwen3-tiny-peaked": ("Qwen3Config", dict(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, initializer_range=0.5,
+        tie_word_embeddings=False, **_SPECIAL)),
+    "gemma3-270m-random": ("Gemma3TextConfig", dict(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}, **_SPECIAL)),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    class_name, fields = KINDS[args.kind]
+    config = getattr(transformers, class_name)(**fields)
+    torch.manual_seed(args.seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    tokenizer_from = weights_folder(resolve_model("smollm2-135m"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_from / name, args.out / name)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{args.out}: {class_name}, {params / 1e6:.1f} M parameters, SmolLM2's tokenizer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
