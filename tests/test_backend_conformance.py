@@ -112,12 +112,14 @@ def _stored(model: nn.Module) -> tuple[set[torch.dtype], int]:
 
 def test_quantized_linear_path_per_scheme(backend, device):
     torch.manual_seed(0)
-    layer = nn.Linear(128, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device)
-    x = torch.randn(4, 128, dtype=torch.bfloat16, device=device.torch_device)
+    # 1,024 input columns: CUDA's int4 layout (tinygemm) pads the input width to a multiple of 1,024, so a
+    # narrower layer measures the padding (a 128-wide one stored 2.1x its bf16 bytes on an H200), not the codes.
+    layer = nn.Linear(1024, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device)
+    x = torch.randn(4, 1024, dtype=torch.bfloat16, device=device.torch_device)
     expected = layer(x).float()
     bf16_bytes = layer.weight.nbytes
     for scheme in _schemes(backend):
-        model = nn.Sequential(nn.Linear(128, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device))
+        model = nn.Sequential(nn.Linear(1024, 256, bias=False, dtype=torch.bfloat16, device=device.torch_device))
         model[0].weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
         quantizer = device.quantizer(scheme)
         quantizer.apply(model, lambda m, fqn: isinstance(m, nn.Linear))

@@ -34,7 +34,10 @@ def test_sigterm_fails_the_running_trial_and_the_same_command_resumes(tmp_path):
             trials = optuna.load_study(study_name="s", storage=url).trials
         except (KeyError, Exception):  # noqa: BLE001 - the study or its tables do not exist yet
             continue
-        if sum(t.state == TrialState.COMPLETE for t in trials) >= 2 and trials[-1].state == TrialState.RUNNING:
+        # A running trial whose configuration is complete ("config" is set after every parameter is suggested):
+        # one caught between ask and its last suggest is retried with what it had, not with one configuration.
+        if (sum(t.state == TrialState.COMPLETE for t in trials) >= 2 and trials[-1].state == TrialState.RUNNING
+                and "config" in trials[-1].user_attrs):
             break
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
@@ -52,7 +55,8 @@ def test_sigterm_fails_the_running_trial_and_the_same_command_resumes(tmp_path):
     assert {t.number: t.values for t in trials if t.number in finished_before} == finished_before
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(complete) == len(finished_before) + 6  # resumed: the finished are kept, --trials counts new ones
-    assert any(t.params == failed[0].params for t in complete)  # the interrupted trial was retried
+    retried = [t for t in complete if t.system_attrs.get("failed_trial") == failed[0].number]
+    assert len(retried) == 1 and retried[0].params == failed[0].params  # the interrupted trial, run again
 
 
 def test_unreachable_storage_is_one_clear_error_without_the_password(tmp_path):
