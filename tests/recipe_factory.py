@@ -6,12 +6,15 @@ from pathlib import Path
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.gate.design import GATE_VERSION
 
 TINY_WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
                  "seed": 0}
 GATE = {"tie_aware_agreement": 0.999, "raw_agreement": 0.99, "perplexity": 10.0, "reference_perplexity": 10.0,
-        "kl_divergence": 0.001, "decode_agreement": 1.0, "decode_raw_agreement": 0.99, "decode_first_miss": None, "decode_positions": 1024, "positions": 4088,
-        "tie_epsilon": 0.05, "min_agreement": 0.995, "passed": True}
+        "kl_divergence": 0.001, "decode_agreement": 1.0, "decode_raw_agreement": 0.99, "decode_first_miss": None,
+        "decode_positions": 1536, "decode_prompts": 48, "decode_interval": [0.9976, 1.0], "decode_passed": True,
+        "decode_decided": True, "positions": 4088, "tie_epsilon": 0.05, "min_agreement": 0.995, "passed": True,
+        "version": GATE_VERSION}
 
 
 def bench(tput: float, tpot: float, mem: float) -> dict:

@@ -81,7 +81,7 @@ def _gate_text(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
 
 def _bf16_gate(model, damage=None):
     windows, prompts = _gate_text(model.config.vocab_size)
-    reference = compute_reference(model, windows, prompts, drift_tokens=16)
+    reference = compute_reference(model, windows, prompts, new_tokens=17)
     engine = build_engine(model, DeployConfig(quant="none", fusion_level="O0", batch_size=2, dtype="bf16"))
     if damage is not None:
         damage([layer for segment in engine.model.segments for layer in segment.layers])

@@ -7,22 +7,15 @@ import json
 import pytest
 import torch
 
+from autotune.config.calibration import DISJOINT_RUN, NUM_SAMPLES, SAMPLE_TOKENS, SENSITIVITY_SAMPLES, needs_plan
 from autotune.config.deploy import DeployConfig
 from autotune.engine import build_engine
 from autotune.gate.corpus import EVAL_FILE
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer
 from autotune.quant import plan as plan_module
-from autotune.quant.calib_set import (
-    DISJOINT_RUN,
-    NUM_SAMPLES,
-    SAMPLE_TOKENS,
-    calib_set_digest,
-    calibration_samples,
-    provenance,
-    shared_run,
-)
-from autotune.quant.plan import calibration_dir, needs_plan, quant_plan
+from autotune.quant.calib_set import calib_set_digest, calibration_samples, provenance, shared_run
+from autotune.quant.plan import calibration_dir, quant_plan
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +32,12 @@ def test_512_samples_of_shipped_text_disjoint_from_the_evaluation_text(tokenizer
     evaluation = tokenizer(EVAL_FILE.read_text(), add_special_tokens=False)["input_ids"]
     assert shared_run(samples, evaluation, DISJOINT_RUN) == []
     assert len({tuple(s) for s in samples}) == NUM_SAMPLES
-    record = provenance()
-    assert record["samples"] == 512 and EVAL_FILE.name not in record["files"]
-    assert record["digest"] == calib_set_digest()
+    record = provenance(samples)
+    assert record["samples"] == 512 and record["sample_tokens"] == SAMPLE_TOKENS
+    assert EVAL_FILE.name not in record["files"] and record["set_digest"] == calib_set_digest()
+    # What was drawn, not what is configured: another draw has another count and digest.
+    fewer = provenance(samples[:100])
+    assert fewer["samples"] == 100 and fewer["drawn_digest"] != record["drawn_digest"]
 
 
 def test_the_disjointness_check_finds_a_shared_run():
@@ -68,7 +64,9 @@ def test_round_to_nearest_with_fallback_ranks_layers_without_the_calibration_pas
     assert not (folder / "calibration.pt").exists()
     ranking = json.loads((folder / "sensitivity-w8a16-rtn.json").read_text())["ranking"]
     assert list(plan.keep) == [name for name, _ in ranking[:2]]
-    assert plan.summary["calibration"]["samples"] == 512
+    # The rtn build drew only the sensitivity's subset of the 128 samples the fixture gives it.
+    assert plan.summary["calibration"]["samples"] == SENSITIVITY_SAMPLES
+    assert plan.summary["calibration"]["used_for"] == "sensitivity"
     engine = build_engine(hf, DeployConfig(quant="w8a16", fallback_layers=2), plan=plan)
     assert engine.quantization["kept"] == sorted(plan.keep)
 
@@ -85,7 +83,7 @@ def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(ti
     assert list(plan.keep) == [name for name, _ in ranking[:2]]
     assert plan.summary["kept_layers"] == list(plan.keep)
     assert plan.summary["sensitivity"]["ranking"][0][0] == plan.keep[0]
-    assert plan.summary["calibration"]["samples"] == 512
+    assert plan.summary["calibration"]["samples"] == 128  # what the fixture drew, not the configured 512
     assert len(drawn) == 1  # the calibration pass and the sensitivity read one set of samples, drawn once
     # The second trial reads the cache: no calibration pass, no sensitivity pass.
     monkeypatch.setattr(plan_module, "collect_statistics", lambda *a, **k: pytest.fail("calibrated twice"))

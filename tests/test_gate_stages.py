@@ -29,7 +29,7 @@ def _damaged(engine) -> None:
 
 def test_a_gate_that_cannot_pass_stops_early_and_a_pass_sees_every_position(tiny_llama):
     windows, prompts = _text(tiny_llama.config.vocab_size)
-    ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=12)
+    ref = compute_reference(tiny_llama, windows, prompts, new_tokens=13)
     exact = evaluate_gate(build_engine(tiny_llama, DeployConfig(dtype="fp32")), ref, windows, prompts)
     assert exact.passed and not exact.stopped_early and exact.positions == 6 * 63
     assert exact.decode_agreement == 1.0 and exact.decode_raw_agreement == 1.0 and exact.decode_positions == 2 * 12
@@ -43,7 +43,7 @@ def test_a_gate_that_cannot_pass_stops_early_and_a_pass_sees_every_position(tiny
 
 def test_the_decode_check_catches_a_decode_path_that_the_windows_never_run(tiny_llama):
     windows, prompts = _text(tiny_llama.config.vocab_size, windows=2)
-    ref = compute_reference(tiny_llama, windows, prompts, drift_tokens=16)
+    ref = compute_reference(tiny_llama, windows, prompts, new_tokens=17)
     engine = build_engine(tiny_llama, DeployConfig(batch_size=4, dtype="fp32"))
     for segment in engine.model.segments:  # a broken decode graph; prefill (the windows) untouched
         segment.decode = lambda x, step, k, v, run=segment.decode: run(x, step, k, v) * 0.0

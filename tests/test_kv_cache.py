@@ -58,6 +58,38 @@ def test_pool_admits_only_what_fits_together_and_never_runs_out(tiny_llama):
     outs = runner.run([Request([5, 6, 7, 8], 16, min_new_tokens=16) for _ in range(4)])
     assert all(len(o.output_ids) == 16 for o in outs)
     assert runner.cache.peak_pages_in_use <= runner.cache.usable_pages
+    assert runner.peak_running == 1  # what ran at once, which the benchmark records
+
+
+def test_the_benchmark_records_the_concurrency_that_ran(tiny_llama):
+    """A pool sized in tokens for the batch loses sequences to page rounding (20-token prompts + 8 new at pages of
+    16: 2 pages each, but 4 x 28 tokens are 7 pages): 3 of 4 run at once, and the figures say so."""
+    from autotune.benchmark.bench import benchmark_engine
+    from autotune.benchmark.policy import RunPolicy
+    from autotune.config.deploy import DeployConfig
+    from autotune.config.workload import Workload
+    from autotune.engine import build_engine
+
+    workload = Workload(num_requests=8, prompt_min=20, prompt_max=20, output_tokens=8)
+    prompts = [[5 + i] * 20 for i in range(8)]
+    figures = {}
+    for policy in ("pool", "on_demand"):
+        engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=16, kv_policy=policy, dtype="fp32"))
+        figures[policy] = benchmark_engine(engine, prompts, workload, policy=RunPolicy(max_repeats=1), base_rss=0)
+    assert figures["pool"]["concurrency_peak"] == 3 and figures["on_demand"]["concurrency_peak"] == 4
+    # The front's table reads the pool's point at the concurrency that ran.
+    import optuna
+
+    from autotune.results.tables import pareto_table
+
+    for policy, mark in (("pool", True), ("on_demand", False)):
+        study = optuna.create_study(directions=["maximize", "minimize", "minimize"])
+        config = DeployConfig(batch_size=4, page_size=16, kv_policy=policy, dtype="fp32")
+        b = figures[policy]
+        study.add_trial(optuna.trial.create_trial(
+            values=[b["throughput_tok_s"], b["tpot_p99_ms"], 1.0],
+            user_attrs={"config": config.to_dict(), "bench": b, "gate": {"tie_aware_agreement": 1.0}}))
+        assert ("(ran 3)" in pareto_table(study)) is mark
 
 
 def test_a_request_larger_than_the_pool_is_refused_clearly(tiny_llama):

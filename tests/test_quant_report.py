@@ -19,11 +19,15 @@ def test_configs_cover_each_meaningful_method_and_depth():
 
 def test_the_table_says_at_which_depth_each_scheme_passes():
     rows = [Row("w8a8", "rtn", 0, 0.96, 0.9, 25.0, 24.0, 0.97, False, 200.0),
-            Row("w8a8", "rtn", 4, 0.996, 0.96, 24.5, 24.0, 0.996, True, 210.0),
+            Row("w8a8", "rtn", 4, 0.996, 0.96, 24.5, 24.0, 0.996, True, 210.0, tie_aware_interval=[0.9938, 0.9976],
+                decode_interval=[0.9925, 0.9983], decode_positions=6144, decode_decided=False),
             Row("w4a16", "awq", 0, 0.8, 0.7, 30.0, 24.0, 0.8, False, 100.0)]
     assert passing_depth(rows) == {("w8a8", "rtn"): 4, ("w4a16", "awq"): None}
     table = format_table(rows)
-    assert "| w8a8 | bf16 | rtn | 4 | 0.9960 |" in table and "w8a8/rtn: passes from fallback 4" in table
+    # Each agreement with its interval; a verdict taken from the point estimate at the cap says so.
+    assert "| w8a8 | bf16 | rtn | 4 | 0.9960 (0.9938-0.9976) |" in table and "w8a8/rtn: passes from fallback 4" in table
+    assert "| 0.9960 (0.9925-0.9983, 6144) |" in table and "pass (by the point estimate" in table
+    assert "| w8a8 | bf16 | rtn | 0 | 0.9600 (-) |" in table
     assert "w4a16/awq: passes at no measured fallback depth" in table
 
 

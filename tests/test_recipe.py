@@ -111,3 +111,21 @@ def test_reexport_drops_recipes_that_left_the_front(study, tmp_path):
 def test_export_errors_are_one_line(tmp_path, capsys):
     assert main(["export", "--study", "nope", "--storage", f"sqlite:///{tmp_path}/x.db"]) == 2
     assert "no study 'nope'" in capsys.readouterr().err
+
+
+def test_a_recipe_says_when_its_figures_come_from_one_run_a_smaller_concurrency_or_an_older_gate(study, tmp_path):
+    _, url = study
+    out = tmp_path / "recipes"
+    assert _export(url, out) == 0
+    path = next(out.rglob("best-throughput.yaml"))
+    assert load_recipe(path).notes == []  # three timed runs, today's gate: nothing to say
+    data = yaml.safe_load(path.read_text())
+    data["metrics"]["repeats"] = 1
+    data["metrics"]["concurrency_peak"] = 6  # of its batch of 8: the pool held no more
+    data["gate"]["version"] = "2"
+    data["checksum"] = recipe_checksum(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    notes = load_recipe(path).notes
+    assert any("one timed run" in n and "spread is not known" in n for n in notes)
+    assert any("gated by gate version 2" in n for n in notes)
+    assert any("at most 6 of its batch of 8" in n for n in notes)

@@ -130,20 +130,23 @@ def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
 
 
 def test_cached_gate_failure_skips_the_build(tmp_path):
-    from autotune.gate.cache import gate_key, store_gate
+    from autotune.gate.cache import gate_inputs, gate_key, store_gate
 
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
     params = {**space.baseline_params(), "quant": "w8a16", "fallback_layers": 0}
     config = DeployConfig.from_params(params)
-    store_gate(gate_key("sha256:x", "d", config.numerics_key(), 0.05, backend.name, config.device_power),
-               {"tie_aware_agreement": 0.9, "raw_agreement": 0.8})
+    figures = {"tie_aware_agreement": 0.9, "raw_agreement": 0.8, "perplexity": 30.0, "reference_perplexity": 25.0,
+               "kl_divergence": 0.1, "positions": 5110, "tie_epsilon": 0.05, "min_agreement": 0.995}
+    store_gate(gate_key(gate_inputs("sha256:x", "d", config, tie_epsilon=0.05, min_agreement=0.995,
+                                    device=backend.name, threads=config.device_power)), figures)
     study.enqueue_trial(params)
     run_search(_settings(tmp_path, 2), space, backend, study)
     # The baseline ran; the w8a16 trial was decided by the cached gate, without a build.
     assert [DeployConfig.from_dict(j.config).quant for j in backend.jobs] == ["none"]
     gated = next(t for t in study.trials if t.params["quant"] == "w8a16")
     assert gated.state == optuna.trial.TrialState.PRUNED and gated.user_attrs["gate_cached"]
+    assert gated.user_attrs["reason"].startswith("accuracy gate: tie-aware agreement 0.9000 <= 0.995")
 
 
 def test_memory_budget_makes_trials_infeasible(tmp_path):
@@ -180,13 +183,3 @@ def test_a_duplicate_is_measured_again_under_other_gate_or_workload_settings(tmp
     assert len(backend.jobs) == 2  # the first result was measured under other settings: not reused
     assert "duplicate_of" not in study.trials[1].user_attrs
 
-
-def test_gate_key_holds_threads_and_the_versions_of_the_numerics(monkeypatch):
-    from autotune.gate import cache
-
-    key = cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 2)
-    assert cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 1) != key
-    for package in ("engine", "torch", "torchao", "transformers"):
-        versions = {**cache.numerics_versions(), package: "other"}
-        monkeypatch.setattr(cache, "numerics_versions", lambda versions=versions: versions)
-        assert cache.gate_key("sha256:x", "d", "bf16/O0", 0.05, "cpu", 2) != key

@@ -76,6 +76,7 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
     runner.run(requests(wave, min(4, workload.output_tokens)) if policy.warmup == "short" else full)
     sync()
     warmup_s = time.perf_counter() - started
+    runner.peak_running = 0  # the warm-up's short requests reserve fewer pages than the workload's
 
     def peak_mb() -> float:
         return (device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20
@@ -107,7 +108,8 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
 
 def _memory(runner, peak_mb: float, warmup_s: float) -> dict:
     return {"peak_memory_mb": peak_mb, "kv_reserved_peak_mb": runner.cache.reserved_bytes / 2**20,
-            "kv_pages_peak": runner.cache.peak_pages_in_use, "warmup_s": warmup_s}
+            "kv_pages_peak": runner.cache.peak_pages_in_use, "warmup_s": warmup_s,
+            "concurrency_peak": runner.peak_running}
 
 
 # Where the kernel refuses /proc/PID/clear_refs (some containers), the process's high-water mark cannot be brought

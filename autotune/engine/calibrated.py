@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from autotune.config.calibration import SMOOTHQUANT_ALPHA
 from autotune.engine.int_mm import pad_rows
 from autotune.engine.quant import QUANTIZERS, Quantizer, check_coverage, decoder_linear, decoder_linear_names
 from autotune.errors import TrialFailure
@@ -32,8 +33,6 @@ __all__ = [
     "static_activation_scale",
 ]
 
-# SmoothQuant's migration strength: torchao's default and the paper's for LLaMA-class models.
-SMOOTHQUANT_ALPHA = 0.5
 
 
 @dataclass(frozen=True)

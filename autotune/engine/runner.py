@@ -130,6 +130,9 @@ class Runner:
         self._waiting: deque[Completion] = deque()
         self._prefilling: list[_Running] = []  # admitted, pages held, prompt not all in the cache yet
         self._running: list[_Running] = []  # decoding
+        # The most sequences admitted at once since it was last reset: below max_batch where the pool policy's
+        # pages ran out first, so that a figure is read at the concurrency that really ran.
+        self.peak_running = 0
 
     # -- prefill --------------------------------------------------------------------------------------------------
     def _start(self, completion: Completion) -> _Running:
@@ -311,6 +314,7 @@ class Runner:
                 finished.append(completion)
             else:
                 self._prefilling.append(self._start(completion))
+        self.peak_running = max(self.peak_running, self.num_running)
         if self._prefilling:
             self._prefill()
         rows = [r for r in self._running if not r.completion.finish_reason]

@@ -1,5 +1,8 @@
-"""On-disk caches keyed by what decides their content: the reference per model and evaluation set, and gate
-figures per model, evaluation set and numerics knobs (shared by every trial and worker on this machine)."""
+"""On-disk caches keyed by what decides their content: the reference per model, evaluation set and gate design,
+and gate figures per model, evaluation set, numerics, verdict settings and calibration. Each key is the digest of
+a dict of its inputs (`gate_inputs`, `reference_inputs`), built in one place for the study's process and for the
+trial's child, and the design's and the calibration's figures enter by module (autotune/gate/design.py,
+autotune/config/calibration.py), so that a figure added there is keyed without touching this file."""
 from __future__ import annotations
 
 import hashlib
@@ -9,12 +12,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from autotune import ENGINE_VERSION
+from autotune.config.calibration import calibration_inputs, needs_plan
+from autotune.config.deploy import DeployConfig
+from autotune.gate.corpus import decode_set_digest
+from autotune.gate.design import design
 from autotune.paths import cache_root
 
-__all__ = ["gate_key", "numerics_versions", "load_gate", "store_gate", "reference_path"]
-
-# Bump when the reference's content changes (what is stored, how it is computed).
-REFERENCE_VERSION = "2"
+__all__ = ["gate_inputs", "gate_key", "numerics_versions", "load_gate", "store_gate", "reference_inputs",
+           "reference_path"]
 
 
 def numerics_versions() -> dict[str, str]:
@@ -29,13 +34,39 @@ def numerics_versions() -> dict[str, str]:
     return out
 
 
-def gate_key(model_checksum: str, eval_digest: str, numerics_key: str, tie_epsilon: float, device: str,
-             threads: int) -> str:
-    """Everything that changes a gate's figures: the device (another device's kernels), the thread count (how a
-    reduction is split), and the versions of the engine and of the libraries whose kernels it runs."""
-    text = json.dumps([model_checksum, eval_digest, numerics_key, tie_epsilon, device, threads,
-                       sorted(numerics_versions().items())])
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+def _digest(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def reference_inputs(model_checksum: str, eval_digest: str) -> dict:
+    """What the reference's content depends on: the model, the evaluation windows' text and count, the decode
+    prompts' text, the gate design (prompt count and length, tokens generated, top-K), and the software that
+    computes it (transformers' model code in fp32, on torch's kernels)."""
+    versions = numerics_versions()
+    return {"model": model_checksum, "eval": eval_digest, "decode_text": decode_set_digest(), "design": design(),
+            "transformers": versions["transformers"], "torch": versions["torch"]}
+
+
+def reference_path(model_checksum: str, eval_digest: str) -> Path:
+    key = _digest(reference_inputs(model_checksum, eval_digest))
+    return cache_root() / "reference" / f"{model_checksum.removeprefix('sha256:')[:16]}-{key}.pt"
+
+
+def gate_inputs(model_checksum: str, eval_digest: str, config: DeployConfig, *, tie_epsilon: float,
+                min_agreement: float, device: str, threads: int, kept_layers: tuple[str, ...] | None = None) -> dict:
+    """Everything that changes a gate's figures or its verdict: the reference's inputs, the numerics, the verdict's
+    settings (the staged stop depends on min_agreement), the device (another device's kernels), the thread count
+    (how a reduction is split), the versions of the engine and of the libraries whose kernels it runs, and for a
+    calibrated build every figure of its calibration and the layers it keeps when they are given rather than
+    ranked."""
+    return {"reference": reference_inputs(model_checksum, eval_digest), "numerics": config.numerics_key(),
+            "tie_epsilon": tie_epsilon, "min_agreement": min_agreement, "device": device, "threads": threads,
+            "versions": numerics_versions(), "calibration": calibration_inputs() if needs_plan(config) else None,
+            "kept_layers": list(kept_layers) if kept_layers is not None else None}
+
+
+def gate_key(inputs: dict) -> str:
+    return _digest(inputs)
 
 
 def _gate_path(key: str) -> Path:
@@ -55,8 +86,3 @@ def store_gate(key: str, figures: dict) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(figures, indent=1))
     tmp.replace(path)  # atomic: concurrent workers never read half a file
-
-
-def reference_path(model_checksum: str, eval_digest: str) -> Path:
-    name = f"{model_checksum.removeprefix('sha256:')[:16]}-{eval_digest}-v{REFERENCE_VERSION}.pt"
-    return cache_root() / "reference" / name

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 from pathlib import Path
 
-__all__ = ["DATA", "EVAL_POSITIONS", "eval_windows", "drift_prompts", "bench_prompts", "eval_set_digest"]
+from autotune.gate.design import DECODE_MAX_PROMPTS, DECODE_PROMPT_TOKENS, DECODE_STAGE_PROMPTS
+
+__all__ = ["DATA", "EVAL_POSITIONS", "eval_windows", "decode_prompts", "decode_set_digest", "bench_prompts",
+           "eval_set_digest"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 # Positions of the evaluation text every gate is scored on (windows of 512 tokens): the reference, the trials and
@@ -30,10 +34,28 @@ def eval_windows(tokenizer, min_positions: int = EVAL_POSITIONS, window: int = 5
     return [ids[i * window:(i + 1) * window] for i in range(count)]
 
 
-def drift_prompts(tokenizer, count: int = 8, length: int = 64) -> list[list[int]]:
-    """Prompts for long-generation drift, from the end of the evaluation text (past the teacher-forced windows)."""
-    ids = _ids(tokenizer, EVAL_FILE)
-    return [ids[len(ids) - (i + 1) * length:len(ids) - i * length] for i in range(count)]
+def decode_prompts(tokenizer, count: int = DECODE_MAX_PROMPTS, length: int = DECODE_PROMPT_TOKENS,
+                   eval_positions: int = EVAL_POSITIONS) -> list[list[int]]:
+    """Prompts for the decode check: consecutive passages of `length` tokens from three documents (the evaluation
+    text past its teacher-forced windows, and the two prompt texts), taken from each document in turn, so that
+    every stage of the check (its first prompts, then more) reads all three. At most `count`; fewer where a
+    tokenizer makes the texts shorter, never fewer than one stage."""
+    skip = len(eval_windows(tokenizer, eval_positions)) * 512
+    documents = [_ids(tokenizer, EVAL_FILE)[skip:], *(_ids(tokenizer, path) for path in PROMPT_FILES)]
+    passages = [[doc[i:i + length] for i in range(0, len(doc) - length + 1, length)] for doc in documents]
+    prompts = [p for group in itertools.zip_longest(*passages) for p in group if p is not None][:count]
+    if len(prompts) < min(count, DECODE_STAGE_PROMPTS):
+        raise ValueError(f"the shipped texts give {len(prompts)} passages of {length} tokens with this tokenizer; "
+                         f"the decode check needs {min(count, DECODE_STAGE_PROMPTS)}")
+    return prompts
+
+
+def decode_set_digest() -> str:
+    """What decides the decode prompts' text (their sizes are the gate design's, keyed apart)."""
+    digest = hashlib.sha256()
+    for path in (EVAL_FILE, *PROMPT_FILES):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def eval_set_digest(min_positions: int, window: int = 512) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from autotune.config.calibration import AWQ_GRID
 from autotune.engine.int4 import fake_quantize_int4, pick_group_size
 
 __all__ = ["AWQ_GRID", "search_scale"]
 
-AWQ_GRID = 20  # candidates, as torchao's scale_search_space_size and llm-awq's n_grid
 
 
 def _loss(error: torch.Tensor, gram: torch.Tensor) -> float:

@@ -8,31 +8,20 @@ the evaluation text (licences share a few boilerplate sentences: windows over th
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cache
 from itertools import accumulate
-from pathlib import Path
 
+from autotune.config.calibration import CALIB_FILES, DISJOINT_RUN, NUM_SAMPLES, SAMPLE_TOKENS
 from autotune.gate.corpus import EVAL_FILE
 
 __all__ = [
-    "CALIB_FILES",
-    "DISJOINT_RUN",
-    "NUM_SAMPLES",
-    "SAMPLE_TOKENS",
     "calib_set_digest",
     "calibration_samples",
     "provenance",
     "shared_run",
 ]
 
-CALIB_DIR = Path(__file__).resolve().parent.parent / "data" / "calib"
-CALIB_FILES = (CALIB_DIR / "apache-2.0_mpl-2.0.txt", CALIB_DIR / "mpl-1.1.txt", CALIB_DIR / "artistic.txt",
-               CALIB_DIR / "cc0-1.0.txt")
-# The reference deployment (Ascend 910, W8A16) calibrated with 512 samples; 64 proved too few.
-NUM_SAMPLES = 512
-SAMPLE_TOKENS = 64
-# No sample shares this many consecutive tokens with the evaluation text.
-DISJOINT_RUN = 16
 
 
 def _documents(tokenizer) -> list[list[int]]:
@@ -81,10 +70,13 @@ def calib_set_digest(num_samples: int = NUM_SAMPLES, length: int = SAMPLE_TOKENS
     return digest.hexdigest()[:16]
 
 
-def provenance(num_samples: int = NUM_SAMPLES, length: int = SAMPLE_TOKENS) -> dict:
-    """What a trial and a recipe record about the calibration set."""
+def provenance(samples: list[list[int]], used_for: str = "statistics, AWQ scales and sensitivity") -> dict:
+    """What a trial and a recipe record about the calibration samples it drew: their count, length and digest, as
+    drawn (not as configured), and the files they were drawn from."""
+    drawn = hashlib.sha256(json.dumps(samples).encode()).hexdigest()[:16]
     return {"files": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in CALIB_FILES},
-            "samples": num_samples, "sample_tokens": length, "digest": calib_set_digest(num_samples, length),
+            "samples": len(samples), "sample_tokens": len(samples[0]) if samples else 0, "drawn_digest": drawn,
+            "used_for": used_for, "set_digest": calib_set_digest(),
             "source": "autotune/data/calib (license texts from Debian base-files; see autotune/data/PROVENANCE.md)",
             "disjoint": f"other documents than the evaluation text ({EVAL_FILE.name}); no sample shares "
                         f"{DISJOINT_RUN} consecutive tokens with it"}

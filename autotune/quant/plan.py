@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from autotune.config.calibration import MEASURE, SENSITIVITY_SAMPLES, calibration_inputs, needs_plan
 from autotune.config.deploy import DeployConfig
 from autotune.engine.calibrated import METHODS, QuantPlan
 from autotune.models.registry import ModelSpec
@@ -22,26 +24,23 @@ from autotune.paths import cache_root
 from autotune.progress import log
 from autotune.quant.awq import search_scale
 from autotune.quant.calib_set import calib_set_digest, calibration_samples, provenance
-from autotune.quant.sensitivity import MEASURE, SENSITIVITY_SAMPLES, measure_sensitivity
+from autotune.quant.sensitivity import measure_sensitivity
 from autotune.quant.stats import collect_statistics, fused_weight, layer_parts
 
-__all__ = ["CALIBRATION_VERSION", "calibration", "calibration_dir", "needs_plan", "quant_plan", "sensitivity"]
+__all__ = ["calibration", "calibration_dir", "needs_plan", "quant_plan", "sensitivity"]
 
-# Bump when what is cached changes (statistics, the AWQ search, the sensitivity measure).
-CALIBRATION_VERSION = "1"
 # Per process, by calibration folder (model and calibration set): the samples and the calibration, read once. A
 # trial builds one configuration, but quant-report and a server build many of one model.
 _SAMPLES: dict[Path, list[list[int]]] = {}
 _LOADED: dict[Path, dict] = {}
 
 
-def needs_plan(config: DeployConfig) -> bool:
-    return config.quant_method != "rtn" or config.fallback_layers > 0
-
-
 def calibration_dir(spec: ModelSpec) -> Path:
-    return cache_root() / "quant" / (f"{model_checksum(spec).removeprefix('sha256:')[:16]}-{calib_set_digest()}"
-                                     f"-v{CALIBRATION_VERSION}")
+    """Keyed by the model and by every figure that decides what is cached here (config/calibration.py), so that
+    none can be changed without a miss."""
+    inputs = json.dumps([calibration_inputs(), calib_set_digest()], sort_keys=True)
+    return cache_root() / "quant" / (f"{model_checksum(spec).removeprefix('sha256:')[:16]}-"
+                                     f"{hashlib.sha256(inputs.encode()).hexdigest()[:16]}")
 
 
 def _return_freed_memory() -> None:
@@ -88,7 +87,7 @@ def calibration(hf_model: nn.Module, spec: ModelSpec, tokenizer) -> dict:
         layer.gram = None
     out = {"act_absmax": {n: s.absmax for n, s in stats.items()}, "mean_abs": {n: s.mean_abs for n, s in stats.items()},
            "awq_scales": awq_scales, "awq": awq, "positions": sum(map(len, samples)),
-           "seconds": time.perf_counter() - started, "provenance": provenance()}
+           "seconds": time.perf_counter() - started, "provenance": provenance(samples)}
     _save(path, lambda tmp: torch.save(out, tmp))
     _LOADED[path] = out
     del stats
@@ -106,6 +105,10 @@ def _versions() -> dict:
     return out
 
 
+def _sensitivity_subset(samples: list[list[int]]) -> list[list[int]]:
+    return samples[::max(len(samples) // SENSITIVITY_SAMPLES, 1)][:SENSITIVITY_SAMPLES]
+
+
 def sensitivity(hf_model: nn.Module, spec: ModelSpec, tokenizer, scheme: str, method: str,
                 calib: dict) -> list[tuple[str, float]]:
     """(layer name, relative output error) of every decoder linear layer, most sensitive first: loaded from the
@@ -118,8 +121,7 @@ def sensitivity(hf_model: nn.Module, spec: ModelSpec, tokenizer, scheme: str, me
     except (OSError, ValueError, KeyError):
         pass
     started = time.perf_counter()
-    samples = _samples(spec, tokenizer)
-    subset = samples[::max(len(samples) // SENSITIVITY_SAMPLES, 1)][:SENSITIVITY_SAMPLES]
+    subset = _sensitivity_subset(_samples(spec, tokenizer))
     log(f"  sensitivity of each decoder linear layer to {scheme}/{method}: {len(subset)} calibration samples "
         "(once per model, scheme and method)")
     plan = QuantPlan(act_absmax=calib["act_absmax"], awq_scales=calib["awq_scales"])
@@ -143,8 +145,11 @@ def quant_plan(hf_model: nn.Module, spec: ModelSpec, tokenizer, config: DeployCo
         return None
     # Round-to-nearest with fallback needs only the sensitivity ranking (32 samples), not the statistics and AWQ's
     # search over all 512 (198 s for SmolLM2 on 2 cores, inside a trial's budget).
+    # The provenance is of the samples drawn: all of them for a calibrated method, the sensitivity's subset for
+    # round-to-nearest with fallback (its only use of the set).
     calib = (calibration(hf_model, spec, tokenizer) if METHODS[config.quant_method].calibrated
-             else {"act_absmax": {}, "awq_scales": {}, "provenance": provenance()})
+             else {"act_absmax": {}, "awq_scales": {}, "provenance": provenance(
+                 _sensitivity_subset(_samples(spec, tokenizer)), used_for="sensitivity")})
     summary: dict = {"method": config.quant_method, "fallback_layers": config.fallback_layers,
                      "calibration": calib["provenance"]}
     if keep is not None:

@@ -16,16 +16,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autotune.config.calibration import MEASURE, SENSITIVITY_SAMPLES
 from autotune.engine.calibrated import METHODS, QuantPlan
 from autotune.engine.quant import QUANTIZERS
 from autotune.quant.stats import fused_weight, layer_parts
 
 __all__ = ["MEASURE", "SENSITIVITY_SAMPLES", "measure_sensitivity"]
 
-# Calibration samples (every k-th of the set) the sensitivity is measured on: 32 x 64 = 2,048 positions.
-SENSITIVITY_SAMPLES = 32
-MEASURE = ("expected KL(reference || model with this layer quantized), to second order: 1/2 (g . dy)^2 per "
-           "position, g the gradient of log p(label ~ reference) with respect to the layer's output")
 
 
 def _quantized_layer(hf_model: nn.Module, name: str, scheme: str, method: str, plan: QuantPlan,

@@ -17,6 +17,7 @@ import yaml
 from autotune import __version__
 from autotune.config.deploy import DeployConfig
 from autotune.errors import UserInputError
+from autotune.gate.design import GATE_VERSION
 from autotune.host import is_legacy_class
 from autotune.progress import log
 from autotune.recipes.baselines import study_baselines
@@ -75,6 +76,16 @@ class Recipe:
         if gate and gate.get("measured", True) is not False and gate.get("decode_agreement") is None:
             out.append("it was gated before the gate checked the decode path: its gate figures are not today's gate's "
                        "(autotune verify re-gates it)")
+        elif gate and gate.get("measured", True) is not False and str(gate.get("version", "2")) != GATE_VERSION:
+            out.append(f"it was gated by gate version {gate.get('version', '2')}, not today's {GATE_VERSION} (a "
+                       "smaller decode check, verdicts without intervals): autotune verify re-gates it")
+        ran = self.data["metrics"].get("concurrency_peak")
+        if ran is not None and ran < self.config.batch_size:
+            out.append(f"at most {ran} of its batch of {self.config.batch_size} sequences ran at once (its KV page "
+                       "pool held no more): its figures are of that concurrency")
+        if not self.simulated and self.data["metrics"].get("repeats") == 1:
+            out.append("its figures come from one timed run of the workload (the time cap or a clearly dominating "
+                       "front point ended the others): their spread is not known")
         return out
 
     @property
@@ -108,6 +119,8 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
         "workload": workload,
         "metrics": {"source": "measured" if attrs.get("measured", True) else "simulated",
                     **{k: bench.get(k) for k in _METRICS}, "build_s": trial.user_attrs.get("build_s"),
+                    # The most sequences that ran at once (below batch_size where the pool's pages ran out first).
+                    **({"concurrency_peak": bench["concurrency_peak"]} if "concurrency_peak" in bench else {}),
                     # Only where the peak also holds loading and building (benchmark/bench.py), so that it says so.
                     **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {})},
         "gate": trial.user_attrs.get("gate"),

@@ -100,7 +100,9 @@ def _measure(recipe: Recipe, backend: Backend, threads: int | None, repeats: int
         if not result.ok:
             raise AutotuneError(f"the reference could not be computed: {result.reason}")
     log(f"verify: rebuild {recipe.config.label()}, gate and benchmark ({repeats} timed runs)")
-    job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=threads,
+    # The layers the recipe kept in the compute dtype, as recorded: a ranking redone here could pick others.
+    keep = list(recipe.kept_layers) or None
+    job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=threads, keep=keep,
               min_agreement=gate.get("min_agreement", 0.995), tie_epsilon=gate.get("tie_epsilon", 0.05), **common)
     result = backend.run(job, timeout_s)
     if result.status is Status.ERROR:
@@ -113,8 +115,8 @@ def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, pr
                         comparable: bool = True) -> None:
     what = ("predicted" if comparable else "predicted*") if predicted else "recorded"
     print(f"{'figure':<22} {what:>12} {'measured':>12} {'change':>8}  verdict")
-    for key in ("tie_aware_agreement", "raw_agreement", "perplexity"):
-        if key in gate:
+    for key in ("tie_aware_agreement", "raw_agreement", "perplexity", "decode_agreement"):
+        if gate.get(key) is not None:
             rec = recorded_gate.get(key)
             print(f"gate {key:<17} {'-' if rec is None else format(rec, '.4f'):>12} {gate[key]:>12.4f} {'':>8}")
     print(f"{'gate':<22} {'pass':>12} {'pass' if gate['passed'] else 'FAIL':>12} {'':>8}  "

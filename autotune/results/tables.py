@@ -38,7 +38,11 @@ def pareto_table(study: optuna.Study) -> str:
         b, g = t.user_attrs["bench"], t.user_attrs.get("gate", {})
         cells = [f"{b['throughput_tok_s'] / base['bench']['throughput_tok_s']:.2f}x" for base in baselines] or ["-"]
         runs = b.get("repeats")
-        lines.append(f"{t.number:>5}  {DeployConfig.from_dict(t.user_attrs['config']).label():<50} "
+        config = DeployConfig.from_dict(t.user_attrs["config"])
+        # The concurrency that ran, where the pool's pages held fewer sequences than the batch size.
+        ran = b.get("concurrency_peak")
+        label = config.label() + (f" (ran {ran})" if ran is not None and ran < config.batch_size else "")
+        lines.append(f"{t.number:>5}  {label:<50} "
                      f"{b['throughput_tok_s']:>7.1f} " + " ".join(f"{c:>7}" for c in cells)
                      + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7} "
                      f"{'-' if runs is None else runs:>4}")

@@ -9,7 +9,8 @@ import optuna
 
 from autotune.backends import Backend
 from autotune.config.deploy import DeployConfig
-from autotune.gate.cache import gate_key, load_gate
+from autotune.gate.cache import gate_inputs, gate_key, load_gate
+from autotune.gate.result import GateResult
 from autotune.progress import log, notify
 from autotune.space.search_space import SearchSpace
 from autotune.study.cache_stats import record_hit_rates
@@ -73,8 +74,11 @@ def _store_calibration(study: optuna.Study, quant: dict | None) -> None:
     if not quant:
         return
     attrs = study.user_attrs
-    if quant.get("calibration") and "calibration" not in attrs:
-        study.set_user_attr("calibration", quant["calibration"])
+    calib = quant.get("calibration")
+    # The whole set drawn by a calibrated method, or the subset round-to-nearest's sensitivity drew: kept apart.
+    key = "calibration:sensitivity" if calib and calib.get("used_for") == "sensitivity" else "calibration"
+    if calib and key not in attrs:
+        study.set_user_attr(key, calib)
     sensitivity = quant.get("sensitivity")
     if sensitivity:
         key = f"sensitivity:{sensitivity['scheme']}:{sensitivity['method']}"
@@ -103,8 +107,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, 
     if result.status is Status.GATED:
         gate = result.gate
         assert gate is not None, "a gated trial result carries its gate figures"
-        reason = (f"accuracy gate: tie-aware agreement {gate['tie_aware_agreement']:.4f} <= "
-                  f"{settings.min_agreement} (raw {gate['raw_agreement']:.4f})")
+        reason = GateResult.from_dict(gate).fail_reason()
         trial.set_user_attr("reason", reason)
         study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return f"gated, not benchmarked: {reason}"
@@ -151,12 +154,13 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
         status = Status.OK if previous.state == optuna.trial.TrialState.COMPLETE else Status.GATED
         return JobResult(status, gate=previous.user_attrs.get("gate"), bench=previous.user_attrs.get("bench"))
     checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
-    cached_gate = load_gate(gate_key(checksum, digest, config.numerics_key(), settings.tie_epsilon, backend.name,
-                                     config.device_power))
-    if cached_gate is not None:
-        cached_gate = {**cached_gate, "min_agreement": settings.min_agreement,
-                       "passed": cached_gate["tie_aware_agreement"] > settings.min_agreement}
-    if cached_gate is not None and not cached_gate["passed"]:
+    # Keyed by the numerics, the verdict's settings, the device and the threads: a cached entry's teacher-forced
+    # verdict holds for this trial; its decode figures were of another batch and page size, so only a windows
+    # failure ends the trial here, and a pass has the decode check run again in the trial.
+    cached_gate = load_gate(gate_key(gate_inputs(checksum, digest, config, tie_epsilon=settings.tie_epsilon,
+                                                 min_agreement=settings.min_agreement, device=backend.name,
+                                                 threads=config.device_power)))
+    if cached_gate is not None and not GateResult.from_dict(cached_gate).windows_passed:
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
     job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate,
               front=_front(study), **common)

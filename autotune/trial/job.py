@@ -35,10 +35,12 @@ class Job:
     min_agreement: float = 0.995
     tie_epsilon: float = 0.05
     eval_positions: int = EVAL_POSITIONS
-    drift_tokens: int = 128
     repeats: int = 3  # at most this many timed runs of the whole workload (benchmark/policy.py)
     repeat_time_s: float = 60.0  # no timed run starts that would take the timed runs past this
     gate: dict | None = None  # cached gate figures for these numerics: skip the gate
+    # The decoder linear layers to keep in the compute dtype, as given (a recipe's, re-measured by verify) instead
+    # of ranked by sensitivity here; None: ranked.
+    keep: list[str] | None = None
     baseline_batch: int = 8
     baseline_dtype: str = "auto"  # a speed baseline's precision: "auto" (the model's own) or one of DTYPES
     # The study's Pareto front so far ({"number", "throughput_tok_s", "tpot_p99_ms", "peak_memory_mb"} each): a

@@ -5,7 +5,6 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -19,9 +18,10 @@ from autotune.config.workload import Workload
 from autotune.devices.base import Device
 from autotune.engine import Engine, build_engine
 from autotune.errors import AutotuneError
-from autotune.gate.accuracy import GateResult, Reference, compute_reference, decode_check, evaluate_gate
-from autotune.gate.cache import gate_key, reference_path, store_gate
-from autotune.gate.corpus import bench_prompts, drift_prompts, eval_set_digest, eval_windows
+from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
+from autotune.gate.cache import gate_inputs, gate_key, reference_path, store_gate
+from autotune.gate.corpus import bench_prompts, decode_prompts, eval_set_digest, eval_windows
+from autotune.gate.reference import cached_reference
 from autotune.models.registry import ModelSpec, resolve_model
 from autotune.models.weights import auto_dtype, load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
@@ -48,15 +48,8 @@ def _versions() -> dict:
 
 def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
                checkpoint: Checkpoint) -> JobResult:
-    path = reference_path(model_checksum(spec), eval_set_digest(job.eval_positions))
-    if not path.is_file():
-        hf = load_hf_model(spec, "float32")
-        ref = compute_reference(hf, eval_windows(tokenizer, job.eval_positions), drift_prompts(tokenizer),
-                                job.drift_tokens)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(asdict(ref), path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").replace(path)
-    return JobResult(Status.OK, path=str(path))
+    cached_reference(model_checksum(spec), tokenizer, job.eval_positions, lambda: load_hf_model(spec, "float32"))
+    return JobResult(Status.OK, path=str(reference_path(model_checksum(spec), eval_set_digest(job.eval_positions))))
 
 
 def _gate(job: Job, engine: Engine, spec: ModelSpec, tokenizer, device: Device | None,
@@ -64,21 +57,24 @@ def _gate(job: Job, engine: Engine, spec: ModelSpec, tokenizer, device: Device |
     """(gate figures, whether the teacher-forced part came from the cache). The decode check runs in every
     trial: it is of this configuration's decode path (batch size, page size), which the numerics key that the
     cache is keyed by does not hold."""
-    checksum, digest = model_checksum(spec), eval_set_digest(job.eval_positions)
-    ref = Reference(**torch.load(reference_path(checksum, digest)))
+    checksum = model_checksum(spec)
+    ref = cached_reference(checksum, tokenizer, job.eval_positions, lambda: load_hf_model(spec, "float32"))
+    prompts = decode_prompts(tokenizer, eval_positions=job.eval_positions)
     # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
     shapes = dict(max_seq_len=workload.max_seq_len, pool_tokens=engine.config.batch_size * workload.max_seq_len)
     if job.gate is not None:
         log("  gate: teacher-forced figures of these numerics cached; decode check through this configuration")
-        decode = decode_check(engine, ref, drift_prompts(tokenizer), job.tie_epsilon, **shapes)
+        decode = decode_check(engine, ref, prompts, job.tie_epsilon, job.min_agreement, **shapes)
         gate = GateResult.from_dict({**job.gate, **decode}).to_dict()
         return {**job.gate, **gate}, True
     log("  gate: teacher-forced agreement with the fp32 reference, then through the decode path")
-    gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), drift_prompts(tokenizer),
+    gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), prompts,
                          tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement, **shapes).to_dict()
     device_name = device.name if device is not None else "cpu"
-    store_gate(gate_key(checksum, digest, engine.config.numerics_key(), job.tie_epsilon, device_name, job.threads),
-               gate)
+    keep = tuple(job.keep) if job.keep is not None else None
+    store_gate(gate_key(gate_inputs(checksum, eval_set_digest(job.eval_positions), engine.config,
+                                    tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
+                                    device=device_name, threads=job.threads, kept_layers=keep)), gate)
     return gate, False
 
 
@@ -87,7 +83,8 @@ def _gate_line(gate: dict) -> str:
     if gate.get("stopped_early"):
         return f"{line} after {gate['positions']} positions: stopped, a pass was out of reach (FAIL)"
     if gate.get("decode_agreement") is not None:
-        line += f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions"
+        line += (f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions of "
+                 f"{gate['decode_prompts']} prompts, {gate['decode_verdict']}")
     return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
 
 
@@ -97,7 +94,8 @@ def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss
     workload = Workload(**job.workload)
     hf = load_hf_model(spec, "float32")
     log(f"  build {config.label()}")
-    plan = quant_plan(hf, spec, tokenizer, config)  # calibration, sensitivity: cached after the first trial
+    # Calibration, sensitivity: cached after the first trial. A recipe's own kept layers where it is re-measured.
+    plan = quant_plan(hf, spec, tokenizer, config, tuple(job.keep) if job.keep is not None else None)
     engine = build_engine(hf, config, device=device, plan=plan)
     del hf
     result = JobResult(Status.OK, build_s=engine.build_seconds,

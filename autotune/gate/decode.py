@@ -1,0 +1,57 @@
+"""The decode check: agreement through the configuration's own decode path, in stages until its verdict is
+decided (autotune/gate/design.py gives the sizes and why)."""
+from __future__ import annotations
+
+import torch
+
+from autotune.engine import Engine, Request
+from autotune.gate.design import DECODE_STAGE_PROMPTS
+from autotune.gate.reference import Reference, agreeing
+from autotune.gate.verdict import judge
+
+__all__ = ["decode_check"]
+
+
+def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]], tie_epsilon: float,
+                 min_agreement: float, max_seq_len: int, pool_tokens: int | None,
+                 stage: int = DECODE_STAGE_PROMPTS) -> dict:
+    """Teacher-forced through the deployed decode path: each prompt is prefilled, then the reference's own
+    continuation is fed token by token, and at every decode step the candidate's greedy choice is scored as in
+    the windows. Forced tokens keep both sides on one prefix, so a lost decision is counted where it happens
+    instead of ending the comparison. The first continuation token comes from the prefill's logits and is not
+    scored.
+
+    Staged: `stage` prompts at a time, as a batch of the configuration's size (prompts repeated where the batch is
+    larger), over its page size, as in the benchmark; after each stage the verdict is judged with its interval
+    (autotune/gate/verdict.py), and a straddling one gets the next stage, until all of `prompts` (the cap)."""
+    prompts = prompts[:len(reference.decode_tokens)]
+    new = reference.decode_top_ids.shape[1]
+    scored = new - 1
+    cap = scored * len(prompts)
+    batch = engine.config.batch_size
+    runner = engine.runner(max_seq_len=max(max_seq_len, max(map(len, prompts)) + new), pool_tokens=pool_tokens)
+    eos = engine.model.eos_token_id
+    raw = tie = positions = used = 0
+    first_miss: int | None = None
+    while True:
+        chunk = list(range(used, min(used + stage, len(prompts))))
+        rows = [chunk[k % len(chunk)] for k in range(max(batch, len(chunk)))]
+        outs = runner.run([Request(prompts[i], new, min_new_tokens=new, eos_token_id=eos,
+                                   forced_ids=tuple(reference.decode_tokens[i])) for i in rows])
+        for i, out in list(zip(rows, outs))[:len(chunk)]:  # a repeated prompt filled the batch: scored once
+            same, agree = agreeing(torch.tensor(out.greedy_ids[1:]), reference.decode_top_ids[i, 1:],
+                                   reference.decode_top_logprobs[i, 1:], tie_epsilon)
+            raw += int(same.sum())
+            tie += int(agree.sum())
+            misses = (~agree).nonzero()
+            if len(misses):
+                first_miss = min(int(misses[0]) + 1, first_miss if first_miss is not None else new)
+        used += len(chunk)
+        positions += scored * len(chunk)
+        verdict = judge(tie, positions, min_agreement, cap_positions=cap)
+        if verdict is not None:
+            break
+    return {"decode_agreement": tie / positions, "decode_raw_agreement": raw / positions,
+            "decode_positions": positions, "decode_prompts": used, "decode_interval": [verdict.low, verdict.high],
+            "decode_passed": verdict.passed, "decode_decided": verdict.decided, "decode_verdict": verdict.reason,
+            "decode_first_miss": first_miss}

@@ -1,0 +1,36 @@
+"""What the gate measures with, as data: every figure here decides a gate's verdict or the reference's content, so
+the cache keys take all of them (autotune/gate/cache.py reads this module's upper-case names), and changing one
+can never serve a stale answer.
+
+The decode check's sizes: a correct build must pass with a margin, and a verdict must mean something. With prompts
+of 48 tokens and 32 scored decode steps each, one stage of 48 prompts is 1,536 positions; a build with at most two
+misses there has a 95% Clopper-Pearson lower bound above 0.995 and passes at once. One whose interval straddles the
+threshold gets more prompts, a stage at a time, up to 192 (6,144 positions, the [0.9954, 0.9983] interval of a
+build at 0.997). Many short continuations of different passages, not a few long ones: a lost decision then costs
+one position, and the sample is of many contexts."""
+from __future__ import annotations
+
+import sys
+
+__all__ = ["TOP_K", "DECODE_PROMPT_TOKENS", "DECODE_NEW_TOKENS", "DECODE_STAGE_PROMPTS", "DECODE_MAX_PROMPTS",
+           "CONFIDENCE", "GATE_VERSION", "REFERENCE_VERSION", "design"]
+
+# Reference distributions are kept as their top-K: enough to decide near-ties and most of the KL mass.
+TOP_K = 64
+DECODE_PROMPT_TOKENS = 48
+# The first continuation token is chosen from the prefill's logits, not by a decode step: it is generated (the
+# decode steps need it) but not scored, so every scored position is one of the decode path.
+DECODE_NEW_TOKENS = 33
+DECODE_STAGE_PROMPTS = 48
+DECODE_MAX_PROMPTS = 192
+CONFIDENCE = 0.95  # of the Clopper-Pearson intervals the verdicts are stated with
+# Bump when what a gate computes changes in a way the figures above do not say (how positions are scored).
+GATE_VERSION = "3"
+# Bump when the reference's content changes in a way the figures above do not say (what is stored).
+REFERENCE_VERSION = "3"
+
+
+def design() -> dict:
+    """Every upper-case figure of this module, by name: what the cache keys are derived from."""
+    module = sys.modules[__name__]
+    return {name: getattr(module, name) for name in dir(module) if name.isupper() and not name.startswith("_")}
