@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from recipe_factory import GATE, bench, config, make_study
+from recipe_factory import GATE, bench, config, make_study, tiny_recipe
 
 import autotune.recipes.target
 import autotune.recipes.verify
@@ -145,3 +145,20 @@ def test_a_recipe_of_another_hardware_class_is_regated_but_its_figures_are_not_j
     shown = capsys.readouterr().out
     assert f"measured on {other_class}" in shown and "NOT comparable" in shown
     assert "not comparable" in shown and "OUT OF TOLERANCE" not in shown and "were not judged" in shown
+
+
+def test_verify_builds_the_layers_the_recipe_kept(tmp_path, tiny_model_folder, monkeypatch):
+    """The recipe's kept layers, as recorded, not a ranking redone on this machine (which could pick others): the
+    server builds the same ones."""
+    path = tiny_recipe(tmp_path, tiny_model_folder, batch_size=2, quant="w8a16", fallback_layers=2)
+    data = yaml.safe_load(path.read_text())
+    kept = ["model.layers.1.mlp.down_proj", "model.layers.0.self_attn.o_proj"]
+    data["quantization"] = {"method": "rtn", "fallback_layers": 2, "kept_layers": kept}
+    data["checksum"] = recipe_checksum(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    jobs: list = []
+    monkeypatch.setattr(autotune.recipes.verify, "get_backend", lambda name: _Recording(name, jobs))
+    main(["verify", str(path), "--repeats", "1"])
+    trial = next(job for job in jobs if job.kind is JobKind.TRIAL)
+    assert trial.keep == kept and load_recipe(path).kept_layers == tuple(kept)
