@@ -31,8 +31,10 @@ def test_dashboard_serves_then_stops_on_sigterm(study, tmp_path):
         with urllib.request.urlopen(match.group(1) + "/api/studies", timeout=60) as response:
             assert b'"view"' in response.read()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert "dashboard stopped" in proc.stderr.read()
+        # communicate drains stderr while waiting: a child blocked on a full pipe would never exit.
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        assert "dashboard stopped" in err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -34,7 +34,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True)
 class QuantPlan:
     """What a calibrated method or a per-layer fallback needs beyond the scheme, by layer name ("layers.3.down_proj",

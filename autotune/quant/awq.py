@@ -16,7 +16,6 @@ from autotune.engine.int4 import fake_quantize_int4, pick_group_size
 __all__ = ["AWQ_GRID", "search_scale"]
 
 
-
 def _loss(error: torch.Tensor, gram: torch.Tensor) -> float:
     return float(((error @ gram) * error).sum())
 

@@ -23,7 +23,6 @@ __all__ = [
 ]
 
 
-
 def _documents(tokenizer) -> list[list[int]]:
     return [tokenizer(path.read_text(), add_special_tokens=False)["input_ids"] for path in CALIB_FILES]
 
