@@ -11,11 +11,10 @@ from autotune.config.calibration import DISJOINT_RUN, NUM_SAMPLES, SAMPLE_TOKENS
 from autotune.config.deploy import DeployConfig
 from autotune.engine import build_engine
 from autotune.gate.corpus import EVAL_FILE
-from autotune.models.registry import resolve_model
-from autotune.models.weights import load_hf_model, load_tokenizer
 from autotune.quant import plan as plan_module
 from autotune.quant.calib_set import calib_set_digest, calibration_samples, provenance, shared_run
 from autotune.quant.plan import calibration_dir, quant_plan
+from tests.plan_env import plan_env
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +46,7 @@ def test_the_disjointness_check_finds_a_shared_run():
 
 @pytest.fixture()
 def tiny_plan_env(tiny_model_folder, tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
-    # The first 128 of the 512 samples: the flow is the same, the tiny model's passes four times shorter.
-    drawn: list[int] = []
-    monkeypatch.setattr(plan_module, "calibration_samples",
-                        lambda tok: drawn.append(1) or calibration_samples(tok)[:128])
-    spec = resolve_model(str(tiny_model_folder))
-    return spec, load_tokenizer(spec), load_hf_model(spec, "float32"), drawn
+    return plan_env(tiny_model_folder, tmp_path, monkeypatch)
 
 
 def test_round_to_nearest_with_fallback_ranks_layers_without_the_calibration_pass(tiny_plan_env, monkeypatch):

@@ -9,16 +9,22 @@ import optuna
 import pytest
 import yaml
 
+from autotune.config.calibration import SENSITIVITY_SAMPLES
 from autotune.config.deploy import DeployConfig
 from autotune.devices.base import apply_limits
 from autotune.devices.npu import NpuDevice
+from autotune.engine import build_engine
+from autotune.engine.quant import decoder_linear_names, is_converted
 from autotune.errors import SpaceError
+from autotune.quant.plan import calibration_dir, quant_plan
 from autotune.recipes.recipe import build_recipe, load_recipe, write_recipe
 from autotune.recipes.warm_start import enqueue_recipes
 from autotune.space.search_space import DEFAULT_SPACE, load_space
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 from autotune.trial.job import Status
+from autotune.trial.run import quant_record
+from tests.plan_env import SAMPLES, plan_env
 from tests.recipe_factory import GATE, bench, make_study
 from tests.test_study import ScriptedBackend
 
@@ -169,25 +175,32 @@ def test_rtn_without_fallback_adds_no_quantization_section(tiny_model_folder, tm
     assert "quantization" not in build_recipe(study, study.trials[0], url, [])
 
 
-class _CalibratedBackend(ScriptedBackend):
-    """The scripted trials, each reporting the quantize step as a calibrated trial does: its kept layers, chosen by
-    the sensitivity ranking of its scheme and method."""
+class _BuildingBackend(ScriptedBackend):
+    """The scripted gate and figures, but each quantized trial really plans and builds its engine on the tiny model
+    (calibration, sensitivity, fallback) and reports its quantize step as a trial does. It also notes, per
+    configuration, the layers the built engine left unconverted, read from its modules."""
+
+    def __init__(self, spec, tokenizer, hf) -> None:
+        super().__init__()
+        self.spec, self.tokenizer, self.hf = spec, tokenizer, hf
+        self.plain: dict[str, list[str]] = {}
 
     def run(self, job, timeout_s):
         result = super().run(job, timeout_s)
         config = DeployConfig.from_dict(job.config)
         if config.quant != "none" and result.status is not Status.ERROR:
-            ranking = [[f"layers.{i}.down_proj", 0.1 / (i + 1)] for i in range(8)]
-            result.quant = {"method": config.quant_method, "fallback_layers": config.fallback_layers,
-                            "calibration": {"samples": 512, "digest": "abc"},
-                            "kept_layers": [name for name, _ in ranking[:config.fallback_layers]],
-                            "sensitivity": {"scheme": config.quant, "method": config.quant_method,
-                                            "measure": "test", "ranking": ranking}}
+            plan = quant_plan(self.hf, self.spec, self.tokenizer, config)
+            engine = build_engine(self.hf, config, plan=plan)
+            modules = dict(engine.model.named_modules())
+            self.plain[config.digest()] = sorted(name for fqn, name in decoder_linear_names(engine.model).items()
+                                                 if not is_converted(modules[fqn]))
+            result.quant = quant_record(plan, engine)
         return result
 
 
-def test_the_study_stores_each_sensitivity_once_and_each_trial_its_kept_layers(tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+def test_the_study_stores_each_sensitivity_once_and_each_trial_the_layers_its_build_kept(tiny_model_folder,
+                                                                                         tmp_path, monkeypatch):
+    spec, tokenizer, hf, drawn = plan_env(tiny_model_folder, tmp_path / "cache", monkeypatch)
     path = tmp_path / "space.yaml"
     path.write_text("version: 1\ndimensions:\n  quant:\n    values: [none, w8a16, w8a8]\n  quant_method:\n"
                     "    by: quant\n    values: {w8a8: [rtn, smoothquant_dynamic]}\n  fallback_layers:\n"
@@ -197,16 +210,37 @@ def test_the_study_stores_each_sensitivity_once_and_each_trial_its_kept_layers(t
                                 directions=[d for _, d in OBJECTIVES], sampler=make_sampler("random", 0))
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
-    settings = SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=16)
-    run_search(settings, space, _CalibratedBackend(), study)
-    calibrated = [t for t in study.trials if t.user_attrs.get("quant")]
-    assert calibrated, "the random sampler drew quantized trials"
-    keys = {f"sensitivity:{t.user_attrs['quant']['sensitivity']['scheme']}:{t.user_attrs['quant']['method']}"
-            for t in calibrated}
+    writes: list[str] = []
+    set_user_attr = optuna.Study.set_user_attr
+    monkeypatch.setattr(optuna.Study, "set_user_attr",
+                        lambda self, key, value: writes.append(key) or set_user_attr(self, key, value))
+    backend = _BuildingBackend(spec, tokenizer, hf)
+    run_search(SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=16), space,
+               backend, study)
+    quantized = [t for t in study.trials if t.user_attrs.get("quant")]
+    configs = {t.number: DeployConfig.from_dict(t.user_attrs["config"]) for t in quantized}
+    deep = [c for c in configs.values() if c.fallback_layers]
+    assert deep and len(deep) > len({(c.quant, c.quant_method) for c in deep}), \
+        "the random sampler drew several fallback trials of one scheme and method"
     attrs = study.user_attrs
-    assert keys <= set(attrs) and attrs["calibration"] == {"samples": 512, "digest": "abc"}
-    for key in keys:
-        assert attrs[key]["ranking"][0] == ["layers.0.down_proj", 0.1]
-    for t in calibrated:
-        depth = t.user_attrs["quant"]["fallback_layers"]
-        assert t.user_attrs["quant"]["kept_layers"] == [f"layers.{i}.down_proj" for i in range(depth)]
+    for t in quantized:
+        quant, config = t.user_attrs["quant"], configs[t.number]
+        # What the trial recorded is what its engine kept: the layers its modules left unconverted.
+        assert sorted(quant.get("kept_layers", [])) == quant["kept"] == backend.plain[config.digest()]
+        if not config.fallback_layers:
+            assert quant["kept"] == []
+            continue
+        # ... and they are the most sensitive layers of the ranking the study stores for its scheme and method,
+        # which is the ranking the measurement wrote to its cache.
+        key = f"sensitivity:{config.quant}:{config.quant_method}"
+        ranking = attrs[key]["ranking"]
+        assert quant["kept_layers"] == [name for name, _ in ranking[:config.fallback_layers]]
+        cached = json.loads((calibration_dir(spec) / f"sensitivity-{config.quant}-{config.quant_method}.json")
+                            .read_text())["ranking"]
+        assert [name for name, _ in ranking] == [name for name, _ in cached]
+    # Each ranking and each calibration record written to the study once, however many trials used it.
+    stored = [k for k in writes if k.startswith(("sensitivity:", "calibration"))]
+    assert stored and len(stored) == len(set(stored))
+    assert attrs.get("calibration:sensitivity", {}).get("samples", SENSITIVITY_SAMPLES) == SENSITIVITY_SAMPLES
+    if "calibration" in attrs:  # a calibrated method drew the whole (here: shortened) set, once
+        assert attrs["calibration"]["samples"] == SAMPLES and len(drawn) == 1

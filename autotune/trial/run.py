@@ -17,6 +17,7 @@ from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
 from autotune.engine import Engine, build_engine
+from autotune.engine.calibrated import QuantPlan
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
 from autotune.gate.cache import gate_inputs, gate_key, reference_path, store_gate
@@ -88,6 +89,12 @@ def _gate_line(gate: dict) -> str:
     return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
 
 
+def quant_record(plan: QuantPlan | None, engine: Engine) -> dict:
+    """What a trial stores of its quantize step: the plan's summary (method, calibration provenance, sensitivity)
+    and what the build did (layers converted, layers kept)."""
+    return {**(plan.summary if plan else {}), **engine.quantization}
+
+
 def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
            checkpoint: Checkpoint) -> JobResult:
     config = DeployConfig.from_dict(job.config)
@@ -98,8 +105,7 @@ def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss
     plan = quant_plan(hf, spec, tokenizer, config, tuple(job.keep) if job.keep is not None else None)
     engine = build_engine(hf, config, device=device, plan=plan)
     del hf
-    result = JobResult(Status.OK, build_s=engine.build_seconds,
-                       quant={**(plan.summary if plan else {}), **engine.quantization})
+    result = JobResult(Status.OK, build_s=engine.build_seconds, quant=quant_record(plan, engine))
     timing = {"build_s": engine.build_seconds}
     t0 = time.perf_counter()
     gate, cached = _gate(job, engine, spec, tokenizer, device, workload)
