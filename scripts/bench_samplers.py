@@ -31,6 +31,7 @@ from autotune.models.registry import resolve_model  # noqa: E402
 from autotune.sim.predict import predict  # noqa: E402
 from autotune.space.search_space import SearchSpace, load_space  # noqa: E402
 from autotune.study.settings import OBJECTIVES, SAMPLERS, make_sampler  # noqa: E402
+from autotune.study.setup import enqueue_baseline  # noqa: E402
 
 CHECKPOINTS = (25, 50, 100, 200)
 
@@ -61,7 +62,7 @@ def run_sampler(name: str, seed: int, space: SearchSpace, table: dict[str, tuple
     sampler = make_sampler(name, seed)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # make_sampler sets WARNING; GP warns on every trial
     study = optuna.create_study(directions=[d for _, d in OBJECTIVES], sampler=sampler)
-    study.enqueue_trial(space.baseline_params())
+    enqueue_baseline(study, space)  # as a search's set-up does: its first trial
     seen: list[tuple[float, ...]] = []
     distinct: set[str] = set()
     out = {}

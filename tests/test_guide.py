@@ -11,6 +11,7 @@ from autotune.space.search_space import DEFAULT_SPACE, load_space
 from autotune.study.guide import GUIDE_ROLE, Guide
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.study.setup import enqueue_baseline
 from autotune.trial.job import JobResult, Status
 
 # fp32: what every CPU computes natively, so that cpu-local (this machine's probe) predicts every point.
@@ -97,6 +98,7 @@ def test_run_search_mixes_guided_trials_with_the_samplers(tmp_path, tiny_model_f
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
     settings = SearchSettings(model=str(tiny_model_folder), study="g", storage=url, trials=7, sampler_share=3)
+    enqueue_baseline(study, SPACE)  # as the set-up does
     run_search(settings, SPACE, _Scripted(), study)
     roles = [t.user_attrs.get("role") for t in study.trials]
     assert roles[0] == "baseline"

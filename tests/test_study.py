@@ -15,6 +15,7 @@ from autotune.results.tables import pareto_table
 from autotune.space.search_space import DEFAULT_SPACE, load_space
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.study.setup import enqueue_baseline
 from autotune.trial.job import JobResult, Status
 
 
@@ -57,10 +58,12 @@ class ScriptedBackend(Backend):
 
 
 def _study(tmp_path, name="s"):
+    """The study as the set-up leaves it: its model's digests recorded, the baseline trial queued (once)."""
     study = optuna.create_study(study_name=name, storage=f"sqlite:///{tmp_path}/{name}.db", load_if_exists=True,
                                 directions=[d for _, d in OBJECTIVES], sampler=make_sampler("random", 0))
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
+    enqueue_baseline(study, load_space(DEFAULT_SPACE))
     return study
 
 

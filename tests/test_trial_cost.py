@@ -102,16 +102,16 @@ def test_timed_runs_stop_on_spread_time_or_count():
 def test_the_budget_counts_the_trials_not_the_set_up(tmp_path, monkeypatch):
     """`autotune search --timeout` on the simulator, with a set-up that takes longer than the whole budget: trials
     still run, for about the budget, from the first trial on."""
-    import autotune.cli.search as search_cli
+    import autotune.api.run as search_api
     from autotune.cli.main import main
 
-    real_prepare = search_cli.prepare_study
+    real_prepare = search_api.prepare_study
 
     def slow_prepare(*args, **kwargs):
         time.sleep(4.0)
         return real_prepare(*args, **kwargs)
 
-    monkeypatch.setattr(search_cli, "prepare_study", slow_prepare)
+    monkeypatch.setattr(search_api, "prepare_study", slow_prepare)
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(FAULTS_ENV, json.dumps({"*": "sleep:0.25"}))
     url = f"sqlite:///{tmp_path}/b.db"

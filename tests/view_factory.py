@@ -11,6 +11,7 @@ from autotune.results.export import write_recipes
 from autotune.space.search_space import DEFAULT_SPACE, load_space
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
+from autotune.study.setup import enqueue_baseline
 
 WORKLOAD = {"num_requests": 4, "prompt_min": 12, "prompt_max": 20, "output_tokens": 8, "arrival": "offline",
             "seed": 0}
@@ -44,6 +45,7 @@ def scripted_study(folder: Path, name: str = "view", trials: int = 24) -> tuple[
         study.set_user_attr(key, value)
     space = load_space(DEFAULT_SPACE)
     settings = SearchSettings(model="m", study=name, storage=url, trials=trials)
+    enqueue_baseline(study, space)  # as the set-up does
     run_search(settings, space, FullGateBackend(), study)
     recipes = folder / "recipes"
     write_recipes(study, recipes, url)

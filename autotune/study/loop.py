@@ -251,20 +251,13 @@ def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share:
     return True
 
 
-def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> None:
-    """The space's plain deployment as the study's first trial, once (the one place it is enqueued)."""
-    params = space.trial_params(space.baseline_params())
-    if not any(t.params == params or t.system_attrs.get("fixed_params") == params for t in study.trials):
-        study.enqueue_trial(params, user_attrs={"role": "baseline"}, skip_if_exists=True)
-
-
 def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study, *,
                target: int | None = None) -> None:
     """Run trials until the study holds `target` done trials (default: `settings.trials` more, or the rest of an
     interrupted campaign). Any number of workers may run this on one study at once: they share the budget and
     never evaluate a configuration twice. Finished trials already in the study are kept (resume). On Ctrl-C or
-    SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up."""
-    enqueue_baseline(study, space)
+    SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up. The baseline trial is
+    queued by the set-up (setup.prepare_study), before any worker starts, not here."""
     if target is None:
         target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,

@@ -1,5 +1,5 @@
 """Setting a study up before its trials: open (or resume) it, record what it is about, compute the reference and
-measure the speed baseline once, and, for the simulator, predict the baseline instead."""
+measure the speed baseline once, and, for the simulator, predict the baseline instead; queue the baseline trial."""
 from __future__ import annotations
 
 import warnings
@@ -24,7 +24,9 @@ from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings,
 from autotune.study.storage import open_storage
 from autotune.trial.job import Job, JobKind
 
-__all__ = ["open_study", "prepare_study"]
+__all__ = ["open_study", "prepare_study", "enqueue_baseline", "BASELINE_ROLE"]
+
+BASELINE_ROLE = "baseline"  # the `role` attribute of the baseline trial
 
 
 def open_study(settings: SearchSettings) -> optuna.Study:
@@ -43,11 +45,31 @@ def open_study(settings: SearchSettings) -> optuna.Study:
     return study
 
 
+def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> bool:
+    """Queue the space's plain deployment as a trial unless the study holds it already (run, running or waiting);
+    True when it was queued. Called once per set-up, before warm starts and workers: the one place it is queued,
+    so that it is the study's first trial and is never queued twice, also on resume."""
+    params = space.trial_params(space.baseline_params())  # by Optuna's parameter names, as trials hold them
+    if any(t.params == params or t.system_attrs.get("fixed_params") == params
+           for t in study.get_trials(deepcopy=False)):
+        return False
+    study.enqueue_trial(params, user_attrs={"role": BASELINE_ROLE}, skip_if_exists=True)
+    return True
+
+
 def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
                   space: SearchSpace) -> None:
-    """Reference and speed baseline, measured once per study and workload; descriptive attributes."""
-    if not backend.measured:  # the simulator: no weights, no reference, the gate not measured
-        return _prepare_simulated(study, settings, backend, spec, space)
+    """Reference and speed baseline, measured once per study and workload; descriptive attributes; the baseline
+    trial queued unless the study has it."""
+    if backend.measured:
+        _prepare_measured(study, settings, backend, spec, space)
+    else:  # the simulator: no weights, no reference, the gate not measured
+        _prepare_simulated(study, settings, backend, spec, space)
+    enqueue_baseline(study, space)
+
+
+def _prepare_measured(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
+                      space: SearchSpace) -> None:
     log(f"model {spec.name}: locating weights")
     checksum = model_checksum(spec)
     attrs = {
@@ -89,8 +111,8 @@ def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: B
     recorded as not measured; the speed baseline is the simulated plain deployment."""
     profile = backend.profile  # type: ignore[attr-defined]  # the simulator's, or its isolated wrapper's
     attrs = {
-        "model": settings.model, "model_source": spec.source, "model_checksum": f"not computed: simulated ({spec.name})",
-        "model_architecture": spec.architecture,
+        "model": settings.model, "model_source": spec.source,
+        "model_checksum": f"not computed: simulated ({spec.name})", "model_architecture": spec.architecture,
         "eval_digest": "none: simulated", "backend": backend.name, "measured": False, "source": "simulated",
         "profile": profile.label, "hardware": backend.fingerprint(), "workload": settings.workload.to_dict(),
         "space": space.source, "dropped_dimensions": space.dropped, "gate": GATE_NOT_MEASURED,

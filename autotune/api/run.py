@@ -1,0 +1,117 @@
+"""`autotune.search`: run (or resume) a study from Python, as `autotune search` does from the shell. The defaults
+of every option are this function's, and the CLI reads them from here (`search_defaults`)."""
+from __future__ import annotations
+
+import inspect
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.api.options import SearchOptions
+from autotune.api.result import SearchResult
+from autotune.backends import make_backend
+from autotune.models.registry import resolve_model
+from autotune.progress import log
+from autotune.recipes.warm_start import enqueue_recipes
+from autotune.redact import redact
+from autotune.results.export import write_recipes
+from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.coordination import budget_target
+from autotune.study.loop import run_search
+from autotune.study.settings import SearchSettings
+from autotune.study.setup import open_study, prepare_study
+from autotune.study.storage import default_storage, resolve_url
+from autotune.study.workers import SETTINGS_ATTR, run_local_workers, settings_attr
+
+__all__ = ["search", "search_defaults"]
+
+
+def search(
+    model: str = "smollm2-135m",
+    *,
+    backend: str = "cpu",
+    hardware: str | None = None,
+    space: str | Path | None = None,
+    trials: int = 8,
+    minutes: float | None = 10.0,
+    study: str | None = None,
+    storage: str | None = None,
+    storage_password_file: str | Path | None = None,
+    min_agreement: float = 0.995,
+    tie_epsilon: float = 0.05,
+    memory_budget_mb: float | None = None,
+    tpot_slo_ms: float | None = None,
+    sampler: str = "tpe",
+    guided: bool = True,
+    seed: int | None = None,
+    out: str | Path = "recipes",
+    warm_start: bool = True,
+    requests: int = 16,
+    prompt_tokens: int | tuple[int, int] = (112, 144),
+    output_tokens: int = 64,
+    repeats: int = 3,
+    repeat_time_s: float = 60.0,
+    trial_timeout_s: float | None = None,
+    trial_memory_mb: float | None = None,
+    isolate: bool = False,
+    workers: int = 1,
+) -> SearchResult:
+    """Search the deployment configurations of `model` on `backend` and export the Pareto front as recipes.
+
+    The budget is `trials` new trials (finished trials of a resumed study are kept and not counted) within
+    `minutes` of trials (counted from the first trial, the set-up excluded; 0 or None: no limit). The study is
+    `study` (default `<model>-<backend>[-<hardware>]`) in `storage` (an SQLAlchemy URL, default
+    `sqlite:///studies/<study>.db`); calling again with the same ones resumes it. Recipes go under `out`.
+    `hardware` names a simulator profile (backend "sim"). The other options are those of `autotune search`
+    (see `autotune search --help`). Bad values raise UserInputError before anything is run.
+    """
+    return run(SearchOptions(**{name: value for name, value in locals().items() if name in _PARAMETERS}))
+
+
+_PARAMETERS = tuple(inspect.signature(search).parameters)
+
+
+def search_defaults() -> dict[str, Any]:
+    """Each option's default, by keyword: the one place they are set."""
+    return {name: p.default for name, p in inspect.signature(search).parameters.items()}
+
+
+def run(options: SearchOptions) -> SearchResult:
+    """Set the study up (reference, speed baselines and the baseline trial, once per study), queue the warm
+    starts, run the trials here or in local workers, and write the front's recipes."""
+    spec = resolve_model(options.model)
+    backend = make_backend(options.backend, options.hardware, options.isolate, options.trial_memory_mb)
+    space_file = str(options.space or DEFAULT_SPACE)
+    space = backend.adapt_space(load_space(space_file))
+    hardware = options.hardware
+    study_name = options.study or f"{spec.name}-{options.backend}" + (f"-{hardware}" if hardware else "")
+    password_file = str(options.storage_password_file) if options.storage_password_file else None
+    url = options.storage or default_storage(study_name)
+    settings = SearchSettings(
+        model=options.model, study=study_name, trials=options.trials, storage=resolve_url(url, password_file),
+        workload=options.workload(), min_agreement=options.min_agreement, tie_epsilon=options.tie_epsilon,
+        memory_budget_mb=options.memory_budget_mb, tpot_slo_ms=options.tpot_slo_ms, sampler=options.sampler,
+        seed=options.seed, trial_timeout_s=options.trial_timeout_s, timeout_s=options.time_limit_s,
+        repeats=options.repeats, repeat_time_s=options.repeat_time_s, trial_memory_mb=options.trial_memory_mb,
+        guided=options.guided,
+    )
+    study = open_study(settings)
+    log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "
+        f"space {space.source} ({space.grid_size()} configurations)")
+    setup_started = time.perf_counter()
+    prepare_study(study, settings, backend, spec, space)
+    took = f"set-up took {time.perf_counter() - setup_started:.0f} s"
+    log(f"{took} (not counted in the trials' {options.minutes:g} minutes)" if options.minutes else took)
+    target = budget_target(study, options.trials)
+    if options.warm_start and backend.measured:
+        enqueue_recipes(study, space, options.out, spec.name, study.user_attrs["hardware"]["hardware"])
+    if settings.timeout_s:
+        settings.deadline = time.time() + settings.timeout_s
+    study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, options.backend, hardware, space_file,
+                                                     options.isolate))
+    if options.workers > 1:
+        run_local_workers(options.workers, study_name, settings.storage)
+    else:
+        run_search(settings, space, backend, study, target=target)
+    written = write_recipes(study, options.out, settings.storage)
+    return SearchResult.of(study, url, written)
