@@ -105,7 +105,7 @@ def _engine_counters(port: int) -> tuple[float, float]:
     text = conn.getresponse().read().decode()
     conn.close()
     return tuple(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr,return-value]
-                 for name in ("autotune_engine_steps_total", "autotune_engine_busy_seconds_total"))
+                 for name in ("autotune:engine_steps_total", "autotune:engine_busy_seconds_total"))
 
 
 def _trial_figure(recipe: Recipe, workload: Workload) -> dict | None:

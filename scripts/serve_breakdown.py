@@ -25,7 +25,7 @@ from autotune.gate.corpus import bench_prompts  # noqa: E402
 from autotune.recipes.recipe import load_recipe  # noqa: E402
 from autotune.recipes.target import place  # noqa: E402
 from autotune.serve.app import engine_for  # noqa: E402
-from autotune.serve.scheduler import PREFILL_CHUNK  # noqa: E402
+from autotune.serve.engine_loop import PREFILL_CHUNK  # noqa: E402
 
 STAGES = ("offline", "offline-512", "serving", "serving-whole")
 

@@ -73,6 +73,26 @@ def decided_model_folder(tmp_path_factory, smollm2_folder):
     return folder
 
 
+# The seed of context_model_folder: of the first five, the one whose smallest top-1 minus top-2 logit margin over
+# test_serve.py's 384 greedy positions is widest (0.0041; seeds 0-4 gave 0.0017, 0.0034, 0.0041, 0.0007, 0.0004).
+CONTEXT_SEED = 2
+
+
+@pytest.fixture(scope="session")
+def context_model_folder(tmp_path_factory, smollm2_folder):
+    """A tiny folder model whose next token depends on the whole context: the peaked LLaMA (every weight drawn with
+    std 0.5, so every layer and every earlier token moves the choice; two prompts ending in the same token go on
+    differently), with SmolLM2's tokenizer. Served in fp32, where a batch's composition moves a logit by about
+    1e-4 (measured, transformers alone against eight left-padded in one batch) and its greedy margins are wider:
+    for tests that served outputs equal a reference token for token, and so would see a request read another's KV
+    cache."""
+    folder = tmp_path_factory.mktemp("context-llama")
+    make_tiny_llama(vocab_size=49152, seed=CONTEXT_SEED).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_folder / name, folder / name)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny matrices: a second thread only waits on the first on a shared 2-core machine (measured 0.6 s against

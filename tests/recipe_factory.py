@@ -70,23 +70,19 @@ def tiny_recipe(tmp: Path, model: Path, **config_kw) -> Path:
 
 
 class Served:
-    """A real server on a free loopback port, in a background thread."""
+    """A real server on a free loopback port: HTTP and the engine loop each on a background thread."""
 
     def __init__(self, recipe_path: Path, max_queue: int = 64, draft: bool = False) -> None:
-        import threading
-
         from autotune.recipes.recipe import load_recipe
         from autotune.serve import build_server
 
         self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue, draft=draft)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server.start()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.server.app.scheduler.stop()
+        self.server.stop()
 
     def post(self, path: str, body: object, raw: bytes | None = None, timeout: float = 120) -> tuple[int, dict]:
         import http.client

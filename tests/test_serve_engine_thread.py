@@ -1,5 +1,5 @@
-"""`autotune serve` runs its engine on the thread that built it, HTTP on others (autotune/serve/scheduler.py says
-why: a second thread running torch's OpenMP halves CPU throughput), and stops cleanly on SIGTERM."""
+"""`autotune serve` runs its engine loop on the thread that built it, HTTP on another (autotune/serve/engine_loop.py
+says why: a second thread running torch's OpenMP halves CPU throughput), and stops cleanly on SIGTERM."""
 from __future__ import annotations
 
 import os
@@ -22,28 +22,27 @@ BODY = {"model": "m", "prompt": "The licence grants", "max_tokens": 6, "min_toke
 def test_the_engine_loop_runs_on_the_calling_thread(tmp_path, decided_model_folder, monkeypatch):
     server = build_server(load_recipe(tiny_recipe(tmp_path, decided_model_folder, batch_size=2)), "127.0.0.1", 0,
                           engine_here=True)
-    scheduler = server.app.scheduler
+    engine_loop = server.app.engine_loop
     stepped_on: set[int] = set()
-    step = scheduler._runner.step
+    step = engine_loop._runner.step
 
     def spy():
         stepped_on.add(threading.get_ident())
         return step()
 
-    monkeypatch.setattr(scheduler._runner, "step", spy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(engine_loop._runner, "step", spy)
+    server.start()
     outcomes = []
 
     def client() -> None:
         try:
             outcomes.extend(one_request("127.0.0.1", server.server_address[1], BODY) for _ in range(2))
         finally:
-            scheduler.stop()
+            engine_loop.stop()
 
     threading.Thread(target=client).start()
-    scheduler.run()  # returns when the client stops it
-    server.shutdown()
-    server.server_close()
+    engine_loop.run()  # returns when the client stops it
+    server.stop()
     assert [o.tokens for o in outcomes] == [6, 6] and all(o.ok for o in outcomes), outcomes
     assert stepped_on == {threading.get_ident()}
 

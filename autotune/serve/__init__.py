@@ -1,7 +1,9 @@
-"""Serving a recipe over HTTP: a step-wise scheduler around the engine, and the endpoints in front of it."""
+"""Serving a recipe over HTTP: the engine loop (one thread steps the engine), and the FastAPI endpoints in front
+of it on uvicorn."""
 from __future__ import annotations
 
 from autotune.serve.app import build_server, serve_forever
-from autotune.serve.scheduler import Overloaded, Scheduler
+from autotune.serve.engine_loop import EngineLoop, Overloaded
+from autotune.serve.server import ServingServer
 
-__all__ = ["build_server", "serve_forever", "Scheduler", "Overloaded"]
+__all__ = ["build_server", "serve_forever", "EngineLoop", "Overloaded", "ServingServer"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -20,10 +19,11 @@ from autotune.progress import log
 from autotune.quant.plan import quant_plan
 from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
-from autotune.serve.http import ServingApp, ServingServer
+from autotune.serve.api import ServingApp
+from autotune.serve.engine_loop import EngineLoop
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import Limits
-from autotune.serve.scheduler import Scheduler
+from autotune.serve.server import ServingServer
 
 __all__ = ["build_server", "serve_forever", "placement", "engine_for"]
 
@@ -71,29 +71,31 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool):
 
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
                  force: bool = False, draft: bool = False, *, engine_here: bool = False) -> ServingServer:
-    """A ready server (engine built and warmed up); call serve_forever() on it. `draft` accepts a simulated recipe
-    (placement()). The engine's loop runs on a thread of its own, unless `engine_here`: then the caller runs it on
-    this thread, which built the engine (`server.app.scheduler.run()`; autotune/serve/scheduler.py says why)."""
+    """A ready server (engine built and warmed up, port bound: `server.server_address`); start() serves HTTP on a
+    thread of its own, stop() ends it. `draft` accepts a simulated recipe (placement()). The engine loop runs on a
+    thread of its own, unless `engine_here`: then the caller runs it on this thread, which built the engine
+    (`server.app.engine_loop.run()`; autotune/serve/engine_loop.py says why)."""
     where = placement(recipe, draft)
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force)
-    scheduler = Scheduler(engine, max_seq_len, max_queue)
+    engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     started = time.perf_counter()
     if engine_here:
-        scheduler.warm_up()
+        engine_loop.warm_up()
     else:
-        scheduler.start()
+        engine_loop.start()
     log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,
             "metrics_source": recipe.data["metrics"]["source"], "backend": where.backend,
             "draft": recipe.simulated}
-    app = ServingApp(scheduler, tokenizer, Limits(max_seq_len), Path(recipe.model).name, info, ServerMetrics())
+    app = ServingApp(engine_loop, tokenizer, Limits(max_seq_len), Path(recipe.model).name, info,
+                     ServerMetrics(engine_loop))
     try:
         return ServingServer((host, port), app)
     except OSError as exc:
-        scheduler.stop()
+        engine_loop.stop()
         raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
@@ -111,15 +113,14 @@ def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: b
         log("serve: this recipe is UNVERIFIED (accepted with --force): its figures may not hold")
     print(f"serving {recipe.path} on http://{host}:{server.server_address[1]} "
           f"(POST /generate, POST /v1/completions, GET /health, GET /metrics)", flush=True)
-    # HTTP on other threads; the engine stays on this one, which built it.
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # HTTP on an event loop of another thread; the engine stays on this one, which built it.
+    server.start()
     # SIGTERM (a process manager stopping us) shuts down as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: _raise_interrupt())
     try:
-        server.app.scheduler.run()
+        server.app.engine_loop.run()
     except KeyboardInterrupt:
         log("serve: shutting down")
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     return 0

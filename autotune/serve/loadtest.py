@@ -38,7 +38,7 @@ def check_loopback(url: str) -> tuple[str, int]:
         addresses = {info[4][0] for info in socket.getaddrinfo(parts.hostname, parts.port or 80)}
     except socket.gaierror as exc:
         raise UserInputError(f"cannot resolve {parts.hostname!r}: {exc}") from None
-    if not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
+    if not all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addresses):
         raise UserInputError(f"{parts.hostname} is not a loopback address: loadtest only targets this machine")
     return parts.hostname, parts.port or 80
 

@@ -1,7 +1,9 @@
-"""The serving loop: one engine thread drives a Runner step by step; HTTP threads submit requests and read tokens.
+"""The engine loop (vLLM's EngineCore role): one thread drives a Runner step by step; the HTTP server's event loop
+submits requests and is handed their tokens.
 
 The Runner is not thread-safe and never needs to be: only the engine thread touches it. Other threads talk to
-it through a bounded inbox and per-request event queues, and read gauges that the engine thread publishes.
+it through a bounded inbox; each request's events go back through the callback it was submitted with (the HTTP
+layer puts them on an asyncio queue of its event loop), and gauges are snapshots the engine thread publishes.
 
 On the CPU the engine thread should be the thread that built the engine (`autotune serve` runs the loop on its
 main thread, `run()`): torch's OpenMP runtime (libgomp) keeps a pool of workers per thread that ever ran a
@@ -15,12 +17,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from autotune.engine import Completion, Engine, Request, Runner
 from autotune.progress import log
 
-__all__ = ["Scheduler", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK"]
+__all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK"]
 
 # Prompt tokens one engine step may prefill: new prompts delay the running decodes by one forward of at most this
 # many tokens a step, instead of all admitted prompts at once (8 prompts of 128 tokens in one forward).
@@ -35,13 +38,17 @@ class ServingStopped(Exception):
     """The server is shutting down."""
 
 
+# ("tokens", [ids]) any number of times, then ("done", finish_reason) or ("error", message).
+Event = tuple[str, object]
+
+
 @dataclass(slots=True)
 class Handle:
-    """One request in flight. `events` receives ("tokens", [ids]), then ("done", finish_reason) or ("error", msg)."""
+    """One request in flight. `deliver` is called on the engine thread with each of its events, in order."""
 
     request: Request
     arrival: float
-    events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    deliver: Callable[[Event], None]
     completion: Completion | None = None
     cancel_reason: str | None = None
     sent: int = 0
@@ -52,7 +59,7 @@ class Handle:
         self.cancel_reason = reason
 
 
-class Scheduler:
+class EngineLoop:
     """Dynamic batching: requests join the running batch as soon as a row (and KV pages) are free, up to the
     recipe's batch size; at most `max_queue` more wait. Beyond that, submit() raises Overloaded."""
 
@@ -109,7 +116,8 @@ class Scheduler:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
-    def submit(self, request: Request) -> Handle:
+    def submit(self, request: Request, deliver: Callable[[Event], None]) -> Handle:
+        """Queue `request`; its events go to `deliver`, called on the engine thread (it must not block)."""
         if self._stop.is_set():
             raise ServingStopped("the server is shutting down")
         with self._lock:
@@ -117,7 +125,7 @@ class Scheduler:
                 raise Overloaded(f"{self._in_system} requests in flight (batch {self.batch_size} + queue "
                                  f"{self.max_queue}): retry later")
             self._in_system += 1
-        handle = Handle(request, time.perf_counter())
+        handle = Handle(request, time.perf_counter(), deliver)
         self._inbox.put(handle)
         return handle
 
@@ -169,10 +177,10 @@ class Scheduler:
             if n > h.sent:
                 if h.sent == 0:
                     h.admitted_at = c.token_times[0]
-                h.events.put(("tokens", c.output_ids[h.sent:n]))
+                _send(h, ("tokens", c.output_ids[h.sent:n]))
                 h.sent = n
             if c.finish_reason:
-                h.events.put(("done", c.finish_reason))
+                _send(h, ("done", c.finish_reason))
                 self._leave()
             else:
                 still.append(h)
@@ -194,9 +202,17 @@ class Scheduler:
             except queue.Empty:
                 break
         for h in failed:
-            h.events.put(("error", message))
+            _send(h, ("error", message))
             self._leave()
         self._live = []
         if not self._stop.is_set():
             # The runner's state is unknown after a failed step: start over with a fresh cache.
             self._runner = self._new_runner()
+
+
+def _send(handle: Handle, event: Event) -> None:
+    try:
+        handle.deliver(event)
+    except RuntimeError:
+        # The receiving event loop is closed (the HTTP server stopped first): nobody waits for this request.
+        handle.cancel("cancelled")
