@@ -95,3 +95,35 @@ def test_greedy_choices_depend_on_every_layer(tiny_llama):
                 damaged.model.layers[i].get_submodule(part).weight.zero_()
                 same = int((damaged(ids).logits.argmax(-1) == expected).sum())
             assert same < 56, f"layer {i} without {part}: {same} of 64 greedy choices unchanged"
+
+
+@pytest.mark.parametrize("pad_batch", [False, True])
+def test_greedy_rows_match_transformers_beside_sampled_and_forced_rows(tiny_llama, pad_batch):
+    """Batch compositions: greedy rows share their steps with sampled rows (seeded or not, with top-p), a
+    teacher-forced row and padded rows, at different rows as requests come and go; every greedy row's tokens are
+    still transformers' own, the forced row logs the model's choices, and a seeded row draws what it draws alone."""
+    from autotune.engine import Sampling
+
+    prompts = _prompts(tiny_llama.config.vocab_size)
+    expected = hf_greedy(tiny_llama, prompts, 12)
+    engine = build_engine(tiny_llama, DeployConfig(batch_size=4, page_size=8, dtype="fp32"))
+    seeded = Sampling(temperature=1.0, top_p=0.9, seed=3)
+    alone = engine.runner(max_seq_len=64).run([Request(prompts[1], 12, min_new_tokens=12, sampling=seeded)])
+    assert alone[0].output_ids != expected[1]  # it does sample: greedy tokens would pass trivially
+    for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]):
+        requests = {0: Request(prompts[0], 12, min_new_tokens=12),
+                    1: Request(prompts[1], 12, min_new_tokens=12, sampling=seeded),
+                    2: Request(prompts[2], 7, min_new_tokens=7),
+                    3: Request(prompts[3], 9, min_new_tokens=9, sampling=Sampling(temperature=0.8)),
+                    4: Request(prompts[4], 12, min_new_tokens=12, forced_ids=tuple(expected[4]))}
+        extra = [Request(prompts[3], 5, min_new_tokens=5, sampling=Sampling(temperature=1.5, top_p=0.5)),
+                 Request(prompts[2], 12, min_new_tokens=12)]
+        runner = engine.runner(max_seq_len=64, bucketed=pad_batch)
+        runner.pad_batch = pad_batch  # an eager engine pads as a compiled one does
+        outs = runner.run([requests[i] for i in order] + extra)
+        by_prompt = dict(zip(order, outs))
+        assert by_prompt[0].output_ids == expected[0] and by_prompt[2].output_ids == expected[2][:7], order
+        assert outs[-1].output_ids == expected[2], order  # admitted late, into whatever row came free
+        assert by_prompt[4].output_ids == by_prompt[4].greedy_ids == expected[4], order
+        assert by_prompt[1].output_ids == alone[0].output_ids, order
+        assert len(by_prompt[3].output_ids) == 9 and len(outs[-2].output_ids) == 5

@@ -72,7 +72,7 @@ def test_chunked_prefill_gives_the_tokens_of_whole_prompts(tiny_llama, chunk):
     runner = engine.runner(max_seq_len=64, prefill_chunk=chunk)
     forwards: list = []  # (rows, tokens, sequences decoding meanwhile)
     for name in ("prefill", "prefill_chunk"):
-        _spy(engine.model, name, forwards, also=lambda: len(runner._running))
+        _spy(engine.model, name, forwards, also=lambda: len(runner.scheduler.running))
     chunked = [c.output_ids for c in runner.run(_requests(prompts, new))]
     assert forwards[0] == (2, 17, 0)  # nothing decodes yet: both admitted prompts at once, over the budget
     while_decoding = [(rows, width) for rows, width, decoding in forwards if decoding]

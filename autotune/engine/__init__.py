@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from autotune.engine.build import Engine, build_engine
-from autotune.engine.runner import Completion, Request, Runner, Sampling
+from autotune.engine.runner import Runner
+from autotune.engine.sequence import Completion, Request, Sampling
 
 __all__ = ["Engine", "build_engine", "Completion", "Request", "Runner", "Sampling"]

@@ -1,97 +1,19 @@
-"""Continuous batching: admit requests up to the batch size, prefill them (together, or a long prompt a chunk at a
-time), decode all running rows together."""
+"""Continuous batching: each step admits what fits (engine/scheduler.py), runs one prefill forward and one decode step
+of every running row on inputs prepared as whole tensors, and samples each row's next token (engine/sampler.py)."""
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
-from autotune.engine.kv_cache import OutOfPages, PagedKVCache
+from autotune.engine.kv_cache import PagedKVCache
 from autotune.engine.model import EngineModel
+from autotune.engine.sampler import Sampler, SamplingBatch
+from autotune.engine.scheduler import PrefillBatch, Scheduler
+from autotune.engine.sequence import Completion, Request, Sampling, Sequence
 
-__all__ = ["Request", "Completion", "Runner", "Sampling", "batch_buckets"]
-
-
-@dataclass(frozen=True, slots=True)
-class Sampling:
-    """Greedy when temperature is 0."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-@dataclass(slots=True)
-class Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    min_new_tokens: int = 0
-    eos_token_id: int | None = None
-    sampling: Sampling = field(default_factory=Sampling)
-    stop_ids: tuple[int, ...] = ()
-    # Teacher forcing through the decode path (the accuracy gate): the emitted tokens are these, and the model's
-    # own greedy choice at each step is recorded in Completion.greedy_ids.
-    forced_ids: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class Completion:
-    request: Request
-    output_ids: list[int] = field(default_factory=list)
-    arrival: float = 0.0
-    token_times: list[float] = field(default_factory=list)
-    finish_reason: str = ""
-    greedy_ids: list[int] = field(default_factory=list)  # with forced_ids only
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
-
-
-class _Running:
-    __slots__ = ("seq_id", "completion", "length", "generator")
-
-    def __init__(self, seq_id: int, completion: Completion, length: int, generator: torch.Generator | None) -> None:
-        self.seq_id, self.completion, self.length, self.generator = seq_id, completion, length, generator
-
-
-def _sample(probs: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    # probs: [vocab]
-    if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < sampling.top_p
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-@torch.inference_mode()  # logits are inference tensors: masking them in place needs the same mode
-def _next_tokens(logits: torch.Tensor, rows: list[_Running]) -> list[int]:
-    """One token per row; logits: [rows (or more: padding), vocab] in fp32, modified in place."""
-    for i, r in enumerate(rows):
-        req = r.completion.request
-        if len(r.completion.output_ids) < req.min_new_tokens and req.eos_token_id is not None:
-            # As transformers' min_new_tokens does: end-of-sequence cannot be chosen before the minimum.
-            logits[i, req.eos_token_id] = float("-inf")
-    greedy = logits[:len(rows)].argmax(-1).tolist()  # one call for the batch: most requests are greedy
-    out = []
-    for i, r in enumerate(rows):
-        sampling = r.completion.request.sampling
-        forced = r.completion.request.forced_ids
-        if forced:
-            r.completion.greedy_ids.append(greedy[i])
-            out.append(forced[len(r.completion.output_ids)])
-        elif sampling.temperature <= 0:
-            out.append(greedy[i])
-        else:
-            out.append(_sample(torch.softmax(logits[i] / sampling.temperature, dim=-1), sampling, r.generator))
-    return out
+# Request, Completion and Sampling live in engine/sequence.py; named here too, where they were first defined.
+__all__ = ["Runner", "batch_buckets", "Request", "Completion", "Sampling"]
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -117,130 +39,109 @@ class Runner:
 
     def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False,
                  prefill_chunk: int | None = None, bucketed: bool = False) -> None:
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be a positive number of tokens, not {prefill_chunk}")
+        self.scheduler = Scheduler(cache, max_batch, prefill_chunk)
         self.model, self.cache, self.max_batch, self.pad_batch = model, cache, max_batch, pad_batch
-        self.prefill_chunk = prefill_chunk
         # Offline (benchmark, gate) one bucket: the batch stays full but for its tail, and every extra graph is
         # compile time inside a trial (and under O2 a frozen copy of the weights); serving, where few requests
         # often run, pays that once at start-up.
         self.buckets = batch_buckets(max_batch) if bucketed else (max_batch,)
+        self.sampler = Sampler(model.lm_head.weight.device)  # where the logits are: the noise is drawn there
         model.attach(cache)
-        self._next_id = 0
-        self._waiting: deque[Completion] = deque()
-        self._prefilling: list[_Running] = []  # admitted, pages held, prompt not all in the cache yet
-        self._running: list[_Running] = []  # decoding
-        # The most sequences admitted at once since it was last reset: below max_batch where the pool policy's
-        # pages ran out first, so that a figure is read at the concurrency that really ran.
-        self.peak_running = 0
 
-    # -- prefill --------------------------------------------------------------------------------------------------
-    def _start(self, completion: Completion) -> _Running:
-        """A batch row for an admitted request: its pages (the whole prompt's) and, when sampling, its generator."""
-        req = completion.request
-        seq_id, self._next_id = self._next_id, self._next_id + 1
-        n = len(req.prompt_ids)
-        self.cache.allocate(seq_id, n, n + req.max_new_tokens)
-        gen = None
-        if req.sampling.temperature > 0:
-            # On the logits' device: multinomial draws there (CPU, CUDA or NPU).
-            gen = torch.Generator(device=self.model.lm_head.weight.device)
-            gen.manual_seed(req.sampling.seed if req.sampling.seed is not None else seq_id)
-        return _Running(seq_id, completion, 0, gen)
+    @property
+    def peak_running(self) -> int:
+        """The most sequences admitted at once since it was last set to 0 (the benchmark's concurrency)."""
+        return self.scheduler.peak_running
 
-    def _prefill_whole(self, rows: list[_Running]) -> None:
-        """Whole prompts from position 0 in one forward: [rows, longest prompt], right-padded."""
+    @peak_running.setter
+    def peak_running(self, value: int) -> None:
+        self.scheduler.peak_running = value
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        return self.scheduler.prefill_chunk
+
+    # -- inputs ---------------------------------------------------------------------------------------------------
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Whole prompts from position 0, right-padded: token ids and slots [seqs, longest prompt], lengths [seqs].
+        Padded positions write to slot 0 (the scratch page)."""
         cache = self.cache
-        width = max(len(r.completion.request.prompt_ids) for r in rows)
+        prompts = [s.request.prompt_ids for s in seqs]
+        width = max(map(len, prompts))
         if self.pad_batch:
             width = max(width, 2)  # dynamo specialises a length of 1: one more graph, compiled on a user's request
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        slots = torch.zeros(len(rows), width, dtype=torch.long)  # pads write to the scratch page
-        lengths = torch.empty(len(rows), dtype=torch.long)
-        for i, r in enumerate(rows):
-            prompt = r.completion.request.prompt_ids
-            n = len(prompt)
-            ids[i, :n] = torch.tensor(prompt)
-            slots[i, :n] = cache.slots(r.seq_id, 0, n)
-            lengths[i] = r.length = n
-        logits = self.model.prefill(ids, slots, lengths)
-        for r, token in zip(rows, _next_tokens(logits, rows)):
-            self._append(r, token)
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+        lengths = torch.tensor([len(p) for p in prompts])
+        table = torch.tensor([cache.block_row(s.seq_id) for s in seqs])  # [seqs, pages_per_seq]
+        positions = torch.arange(width)
+        slots = table[:, positions // cache.page_size] * cache.page_size + positions % cache.page_size
+        slots.masked_fill_(positions >= lengths[:, None], 0)
+        return ids, slots, lengths
 
-    def _prefill_part(self, row: _Running, end: int) -> bool:
-        """Prompt positions [row.length, end) of one sequence, attending to what the cache holds before them.
-        True when that was the prompt's last chunk (its first token is sampled)."""
-        cache, prompt = self.cache, row.completion.request.prompt_ids
-        start = row.length
+    def prepare_prefill_chunk(self, seq: Sequence, end: int) -> tuple[torch.Tensor, ...]:
+        """Prompt positions [seq.length, end) of one sequence: token ids, starts, slots and its block table up to
+        `end`, each with a leading row dimension of 1."""
+        cache, start = self.cache, seq.length
         pages = -(-end // cache.page_size)
-        ids = torch.tensor([prompt[start:end]])
-        slots = cache.slots(row.seq_id, start, end)[None]
-        table = torch.tensor([cache.block_row(row.seq_id)[:pages]])
-        logits = self.model.prefill_chunk(ids, torch.tensor([start]), slots, table)
-        row.length = end
-        if end < len(prompt):
-            return False
-        self._append(row, _next_tokens(logits, [row])[0])
-        return True
+        ids = torch.tensor([seq.request.prompt_ids[start:end]])
+        slots = cache.slots(seq.seq_id, start, end)[None]
+        table = torch.tensor([cache.block_row(seq.seq_id)[:pages]])
+        return ids, torch.tensor([start]), slots, table
 
-    def _prefill(self) -> None:
-        """One prefill forward: the fresh prompts at the head of the queue that fit the chunk together, else the
-        next chunk of the head's prompt. Rows whose prompt is all in the cache move on to decoding. While no row
-        decodes there is no one to keep waiting: every admitted prompt (the rest of a chunked one) at once."""
-        budget, head = self.prefill_chunk if self._running else None, self._prefilling[0]
-        if head.length == 0 and (budget is None or len(head.completion.request.prompt_ids) <= budget):
-            group, width = [], 0
-            for r in self._prefilling:
-                n = len(r.completion.request.prompt_ids)
-                if r.length or (budget is not None and (len(group) + 1) * max(width, n) > budget):
-                    break
-                group.append(r)
-                width = max(width, n)
-            self._prefill_whole(group)
-            done = group
-        else:
-            n = len(head.completion.request.prompt_ids)
-            end = n if budget is None else min(n, head.length + budget)
-            if n - end == 1 and end - head.length > 2:
-                end -= 1  # no last chunk of one token: a length of 1 is a graph of its own (_prefill_whole)
-            done = [head] if self._prefill_part(head, end) else []
-        self._prefilling = self._prefilling[len(done):]
-        self._running.extend(done)
-
-    # -- decode ---------------------------------------------------------------------------------------------------
-    def _append(self, running: _Running, token: int) -> None:
-        c = running.completion
-        c.output_ids.append(token)
-        c.token_times.append(time.perf_counter())
-        req = c.request
-        produced = len(c.output_ids)
-        if produced >= req.max_new_tokens:
-            c.finish_reason = "length"
-        elif produced >= req.min_new_tokens and (token == req.eos_token_id or token in req.stop_ids):
-            c.finish_reason = "stop"
-
-    def _decode_step(self, rows: list[_Running]) -> None:
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
+        """One token per row, padded to the decode bucket: token ids, positions, slots [batch], block table
+        [batch, pages_per_seq], context mask [1, batch, 1, context]. Padded rows: token 0 at position 0 of the
+        scratch page, seeing that one slot."""
         cache = self.cache
-        batch = next(b for b in self.buckets if b >= len(rows)) if self.pad_batch else len(rows)
-        tokens = torch.zeros(batch, dtype=torch.long)
-        positions = torch.zeros(batch, dtype=torch.long)
-        slots = torch.zeros(batch, dtype=torch.long)
-        table = torch.zeros(batch, cache.pages_per_seq, dtype=torch.long)
-        lengths = torch.ones(batch, dtype=torch.long)
-        for i, r in enumerate(rows):
-            pos = r.length  # the last sampled token is written at this position
-            cache.extend(r.seq_id, pos + 1)
-            tokens[i] = r.completion.output_ids[-1]
-            positions[i] = pos
-            table[i] = torch.tensor(cache.block_row(r.seq_id))
-            slots[i] = int(table[i, pos // cache.page_size]) * cache.page_size + pos % cache.page_size
-            lengths[i] = pos + 1
+        batch = next(b for b in self.buckets if b >= len(seqs)) if self.pad_batch else len(seqs)
+        pad = batch - len(seqs)
+        for s in seqs:
+            cache.extend(s.seq_id, s.length + 1)  # the last sampled token is written at position s.length
+        tokens = torch.tensor([s.completion.output_ids[-1] for s in seqs] + [0] * pad)
+        positions = torch.tensor([s.length for s in seqs] + [0] * pad)
+        table = torch.tensor([cache.block_row(s.seq_id) for s in seqs] + [[0] * cache.pages_per_seq] * pad)
+        page = table.gather(1, (positions // cache.page_size)[:, None])[:, 0]
+        slots = page * cache.page_size + positions % cache.page_size
         context = cache.pages_per_seq * cache.page_size
-        mask = (torch.arange(context) < lengths[:, None]).view(1, batch, 1, context)
-        logits = self.model.decode(tokens, positions, slots, table, mask)
-        for r, token in zip(rows, _next_tokens(logits, rows)):
-            r.length += 1
-            self._append(r, token)
+        mask = (torch.arange(context) < (positions + 1)[:, None]).view(1, batch, 1, context)
+        return tokens, positions, slots, table, mask
+
+    def prepare_sample(self, seqs: list[Sequence]) -> SamplingBatch:
+        """Each row's sampling settings; a forced row is greedy (its choice is what the gate compares)."""
+        temperatures, top_ps, generators, banned = [], [], [], []
+        for s in seqs:
+            req = s.request
+            temperatures.append(0.0 if req.forced_ids else req.sampling.temperature)
+            top_ps.append(req.sampling.top_p)
+            generators.append(s.generator)
+            banned.append(req.eos_token_id if len(s.completion.output_ids) < req.min_new_tokens else None)
+        return SamplingBatch(temperatures, top_ps, generators, banned)
+
+    # -- forwards -------------------------------------------------------------------------------------------------
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        chosen = self.sampler(logits, self.prepare_sample(seqs))
+        now = time.perf_counter()
+        for s, token in zip(seqs, chosen):
+            s.append(token, now)
+
+    def _prefill(self, batch: PrefillBatch) -> None:
+        if batch.end is None:
+            logits = self.model.prefill(*self.prepare_prefill(batch.seqs))
+            for s in batch.seqs:
+                s.length = s.prompt_len
+            self._sample(logits, batch.seqs)
+            return
+        seq = batch.seqs[0]
+        logits = self.model.prefill_chunk(*self.prepare_prefill_chunk(seq, batch.end))
+        seq.length = batch.end
+        if batch.end == seq.prompt_len:  # the prompt's last chunk: its first token
+            self._sample(logits, [seq])
+
+    def _decode(self, seqs: list[Sequence]) -> None:
+        logits = self.model.decode(*self.prepare_decode(seqs))
+        for s in seqs:
+            s.length += 1
+        self._sample(logits, seqs)
 
     # -- driving --------------------------------------------------------------------------------------------------
     def run(self, requests: list[Request]) -> list[Completion]:
@@ -253,7 +154,7 @@ class Runner:
 
     def _drain(self) -> None:
         """Step until every submitted request has finished."""
-        while self._waiting or self._prefilling or self._running:
+        while self.scheduler.has_work:
             self.step()
 
     def warm_up(self, prompt_tokens: int = 16) -> None:
@@ -272,61 +173,33 @@ class Runner:
             self.submit(Request([1] * min(self.prefill_chunk + prompt_tokens + 1, room), 2, min_new_tokens=2))
             self._drain()
 
-    def _admissible(self, queue: deque[Completion], rows: int) -> list[Completion]:
-        """Take from the queue what fits now: free batch rows and (pool policy) the pages each request reserves,
-        counting what the earlier ones of this batch take."""
-        batch: list[Completion] = []
-        pages = 0
-        while queue and rows + len(batch) < self.max_batch:
-            req = queue[0].request
-            need = self.cache.pages_to_admit(len(req.prompt_ids) + req.max_new_tokens)
-            if pages + need > self.cache.free_pages:
-                if need > self.cache.usable_pages:
-                    raise OutOfPages(f"a request of up to {len(req.prompt_ids) + req.max_new_tokens} tokens needs "
-                                     f"{need} pages; the pool holds {self.cache.usable_pages}")
-                break
-            pages += need
-            batch.append(queue.popleft())
-        return batch
-
     # Step-wise API for serving: requests join while others run; the caller drives step() from one thread.
     def submit(self, request: Request, arrival: float | None = None) -> Completion:
         """Queue a request; its Completion fills in as step() runs. Set `finish_reason` on it to cancel it."""
         completion = Completion(request, arrival=time.perf_counter() if arrival is None else arrival)
-        self._waiting.append(completion)
+        self.scheduler.add(completion)
         return completion
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self.scheduler.waiting)
 
     @property
     def num_running(self) -> int:
-        return len(self._prefilling) + len(self._running)
+        return self.scheduler.num_admitted
 
     def step(self) -> list[Completion]:
         """Admit waiting requests up to `max_batch`, one prefill forward (all admitted prompts, or what
         `prefill_chunk` allows), then one decode step of every running sequence. Returns the completions that
         finished (or were cancelled) during this step; their pages are freed."""
-        finished = self._release()
-        for completion in self._admissible(self._waiting, len(self._prefilling) + len(self._running)):
-            if completion.finish_reason:
-                finished.append(completion)
-            else:
-                self._prefilling.append(self._start(completion))
-        self.peak_running = max(self.peak_running, self.num_running)
-        if self._prefilling:
-            self._prefill()
-        rows = [r for r in self._running if not r.completion.finish_reason]
-        if rows:
-            self._decode_step(rows)
-        return finished + self._release()
-
-    def _release(self) -> list[Completion]:
-        """Free the pages of finished or cancelled sequences; returns their completions."""
-        done = [r for r in (*self._prefilling, *self._running) if r.completion.finish_reason]
-        for r in done:
-            self.cache.free(r.seq_id)
-        self._prefilling = [r for r in self._prefilling if not r.completion.finish_reason]
-        self._running = [r for r in self._running if not r.completion.finish_reason]
-        return [r.completion for r in done]
+        scheduler = self.scheduler
+        finished = scheduler.release()
+        admitted, cancelled = scheduler.admit()
+        for seq in admitted:
+            seq.generator = self.sampler.generator(seq.request.sampling)
+        if (batch := scheduler.schedule_prefill()) is not None:
+            self._prefill(batch)
+            scheduler.prefilled()
+        if rows := scheduler.decoding():
+            self._decode(rows)
+        return finished + cancelled + scheduler.release()
