@@ -75,6 +75,7 @@ def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload
     tokenizer = load_tokenizer(spec)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
     checksum = model_checksum(spec)
+    threads = config.threads or threads
     path = gguf_file(spec, checksum, config.gguf_type, threads)  # made before the base: the quantizer's memory
     trim_heap()
     base_rss = rss_bytes()
@@ -141,6 +142,7 @@ def main() -> int:
     parser.add_argument("--recipe", help=f"default: the highest-throughput recipe of {RECIPES}")
     parser.add_argument("--types", default="source,Q8_0,F16,BF16")
     parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--threads", help="llama.cpp's thread counts for the type rows (default: the recipe's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--best", help="a llama.cpp configuration as JSON (LlamaCppConfig's keys), one more row")
     parser.add_argument("--gate", action="store_true", help="gate each llama.cpp configuration first")
@@ -160,7 +162,9 @@ def main() -> int:
 
     base = replace(SERVER_DEFAULTS, parallel=args.parallel, n_ctx=4096)
     rows: list[tuple[str, LlamaCppConfig]] = [("llama-server defaults, shipped GGUF", SERVER_DEFAULTS)]
-    rows += [(f"{t}, np {args.parallel}", replace(base, gguf_type=t)) for t in args.types.split(",")]
+    counts = [int(n) for n in args.threads.split(",")] if args.threads else [threads]
+    rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, threads=n))
+             for n in counts for t in args.types.split(",")]
     if args.best:
         rows.append(("best of the sweep", LlamaCppConfig.from_dict(json.loads(args.best))))
     print(f"recipe {recipe_path}: {recipe.config.label()}; {threads} threads; workload {workload.num_requests} "
@@ -179,8 +183,8 @@ def main() -> int:
         for r in range(args.rounds):
             for w in workers if r % 2 == 0 else workers[::-1]:
                 figures[w.label].append(w.run())
-                print(f"round {r + 1}/{args.rounds} {w.label}: {figures[w.label][-1]['throughput_tok_s']:.1f} tok/s",
-                      flush=True)
+                print(f"round {r + 1}/{args.rounds} {w.label}: {figures[w.label][-1]['throughput_tok_s']:.1f} tok/s "
+                      f"{json.dumps(figures[w.label][-1])}", flush=True)
     finally:
         for w in workers:
             w.close()
@@ -190,7 +194,8 @@ def main() -> int:
 
 def _table(workers: list[_Worker], figures: dict[str, list[dict]], configs: dict[str, LlamaCppConfig],
            ours: bool) -> None:
-    med = {label: {k: statistics.median(f[k] for f in runs) for k in runs[0]} for label, runs in figures.items()}
+    med = {label: {k: statistics.median(f[k] for f in runs) for k, v in runs[0].items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)} for label, runs in figures.items()}
     ref = med["ours"]["throughput_tok_s"] if ours else None
     print()
     print("| engine | configuration | tok/s (runs) | TTFT p50 ms | TPOT p50 ms | TPOT p99 ms | peak MB | vs ours "
