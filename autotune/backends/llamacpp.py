@@ -1,0 +1,86 @@
+"""llama.cpp on this machine's CPU as a backend (optional: `pip install autotune[llamacpp]`): each trial makes the
+configuration's GGUF, runs the accuracy gate on llama.cpp's own logits against the same fp32 reference, and
+benchmarks llama.cpp's continuous batching on the study's workload, in its own process
+(autotune/llamacpp/trial.py). The reference and the speed baselines are transformers', as for the cpu backend.
+
+The space's engine knobs have no llama.cpp meaning and are dropped with their reasons; batch_size is llama.cpp's
+parallel sequences and device_power its threads. llama.cpp's own knobs (GGUF type, n_batch/n_ubatch, flash
+attention, KV cache type, context size) are searched by scripts/bench_peer.py --sweep; in a study they are fixed
+at `LLAMACPP_FIXED` and recorded so, until the configuration type carries them."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotune.backends.base import Backend
+from autotune.backends.isolated import run_isolated
+from autotune.host import cpu_fingerprint, num_cores
+from autotune.llamacpp.build_info import installed
+from autotune.llamacpp.config import LlamaCppConfig
+from autotune.space.search_space import SearchSpace
+from autotune.trial.job import Job, JobKind, JobResult
+
+__all__ = ["LlamaCppBackend", "LLAMACPP_FIXED", "llamacpp_config"]
+
+TRIAL_ENTRY = "autotune.llamacpp.trial"
+# What a study's trials run with besides parallel and threads: llama-server's defaults, on the model's own GGUF.
+LLAMACPP_FIXED = LlamaCppConfig(gguf_type="source", n_batch=2048, n_ubatch=512, flash_attn="auto", kv_type="f16",
+                                n_ctx=4096)
+_NOT_LLAMACPP = {
+    "dtype": "llama.cpp computes in the GGUF file's types (gguf_type), not in a torch dtype",
+    "quant": "llama.cpp's quantization is the GGUF type (gguf_type), made by its own quantizer",
+    "quant_method": "llama.cpp's quantizer has its own methods per GGUF type",
+    "fallback_layers": "llama.cpp's quantizer chooses per-tensor types by the GGUF type (Q4_K_M keeps some at Q6_K)",
+    "fusion_level": "llama.cpp runs its own compute graphs; there is no torch.compile level",
+    "layers_per_subgraph": "llama.cpp runs its own compute graphs; there is no torch.compile split",
+    "page_size": "llama.cpp's KV cache is a unified pool of token cells, not of pages",
+    "kv_policy": "llama.cpp reserves its whole KV cache (n_ctx) when the context is made",
+}
+
+
+def llamacpp_config(config: dict) -> LlamaCppConfig:
+    """A trial's configuration as llama.cpp knobs: a llama.cpp one as it is; a study's (DeployConfig's keys) with
+    batch_size as parallel sequences and device_power as threads, the rest at LLAMACPP_FIXED."""
+    if "batch_size" not in config:
+        return LlamaCppConfig.from_dict(config)
+    return replace(LLAMACPP_FIXED, parallel=int(config["batch_size"]), threads=int(config.get("device_power", 0)))
+
+
+class LlamaCppBackend(Backend):
+    name = "llamacpp"
+
+    def unavailable(self) -> str | None:
+        if installed() is None:
+            return ("llama-cpp-python is not installed: pip install 'autotune[llamacpp]', or scripts/build_llamacpp.sh "
+                    "for a build with this CPU's instructions and llama.cpp's tools")
+        return None
+
+    def adapt_space(self, space: SearchSpace) -> SearchSpace:
+        names = {d.name for d in space.dimensions}
+        for name, reason in _NOT_LLAMACPP.items():
+            if name in names:
+                space = space.restrict(name, (), reason)
+        if "device_power" in names:
+            cores = num_cores()
+            keep = tuple(v for v in space.dimension("device_power").values if v <= cores)
+            if keep != space.dimension("device_power").values:
+                space = space.restrict("device_power", keep or (cores,),
+                                       f"device_power is llama.cpp's thread count and this machine has {cores} cores")
+        fixed = {k: v for k, v in LLAMACPP_FIXED.to_dict().items() if k not in ("parallel", "threads")}
+        return replace(space, dropped={**space.dropped, "llamacpp": f"fixed in this study: {fixed} (llama.cpp's own "
+                                       "knobs are not yet dimensions of a study; scripts/bench_peer.py --sweep)"})
+
+    def run(self, job: Job, timeout_s: float) -> JobResult:
+        if job.kind is not JobKind.TRIAL:  # the reference and the speed baselines: transformers', as on the cpu
+            return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)
+        try:
+            config = llamacpp_config(job.config)
+        except (ValueError, TypeError) as exc:
+            return JobResult.error(f"not a llama.cpp configuration: {exc}")
+        llama_job = Job(**{**job.to_dict(), "config": config.to_dict()})
+        return run_isolated(llama_job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=TRIAL_ENTRY)
+
+    def fingerprint(self) -> dict:
+        """The CPU's, its class prefixed: a llama.cpp recipe never shares a folder (or a digest's file name) with
+        the cpu backend's recipes of the same configuration values."""
+        cpu = cpu_fingerprint()
+        return {**cpu, "hardware": f"llamacpp-{cpu['hardware']}", "llama_cpp_python": installed()}

@@ -1,0 +1,43 @@
+"""The benchmark of a llama.cpp context on a workload: the same prompts, warm-up, timed-run policy and figures as
+autotune's own benchmark (autotune/benchmark/), its requests run through the context's slots."""
+from __future__ import annotations
+
+import time
+
+from autotune.benchmark.bench import _run_figures, summarize  # one definition of every figure, for every engine
+from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
+from autotune.benchmark.policy import RunPolicy, timed_runs
+from autotune.config.workload import Workload
+from autotune.llamacpp.engine import LlamaCppContext, Request
+from autotune.progress import log
+
+__all__ = ["benchmark_llamacpp"]
+
+
+def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload: Workload, *, base_rss: int,
+                       policy: RunPolicy | None = None) -> dict:
+    """Warm-up, then timed runs of the whole workload as `policy` says. Peak memory is this process's high-water
+    mark during the runs minus `base_rss` (the process before the weights were loaded): the memory-mapped
+    weights as far as they were touched, the KV cache, the compute buffers and the logits."""
+    policy = policy or RunPolicy(warmup="short")
+    requests = [Request(p, workload.output_tokens) for p in prompts]
+    started = time.perf_counter()
+    wave = min(ctx.config.parallel, len(prompts))
+    ctx.run([Request(p, min(4, workload.output_tokens)) for p in prompts[:wave]] if policy.warmup == "short"
+            else requests)
+    warmup_s = time.perf_counter() - started
+    trim_heap()
+    peak_reset = reset_peak()
+
+    def one_run() -> dict:
+        t0 = time.perf_counter()
+        completions = ctx.run(requests)
+        return _run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]  # same properties
+
+    runs, stop = timed_runs(one_run, policy, log)
+    out = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s,
+           "peak_memory_mb": (peak_rss_bytes() - base_rss) / 2**20, "peak_memory_reset": peak_reset,
+           "concurrency_peak": wave}
+    if not peak_reset:
+        out["peak_memory_note"] = "the high-water mark could not be reset: it includes loading and the gate"
+    return out

@@ -1,0 +1,218 @@
+"""llama.cpp beside autotune's best recipe, on the same model, workload, prompts and thread count, in one run.
+
+    python scripts/bench_peer.py [--recipe RECIPE] [--types source,Q8_0,F16,BF16] [--parallel 8] [--rounds 3]
+                                 [--best '{"gguf_type": "F16", ...}'] [--gate]
+
+Each engine runs in a fresh process of its own, built once: the recipe's engine (as `autotune serve` builds it; one
+timed run of the workload through the benchmark's own code per request), and one llama.cpp process per
+configuration (llama-cpp-python's low-level API: the model memory-mapped, one context with the configuration's
+knobs, the workload's requests through `parallel` sequences with continuous batching and greedy choices, as
+llama-server's slots run them, without HTTP). The rounds run one timed run of every engine in turn, the order
+reversed every other round, so that the machine's drift falls on all of them alike; the table has the medians.
+Rows: the recipe; llama.cpp as llama-server runs given only the shipped GGUF (its defaults: 4 slots, the model's
+trained context, batch 2048/512, flash attention auto, f16 KV); each GGUF type at --parallel sequences; and --best.
+Peak memory: each process's high-water mark during its runs, minus its resident size before the weights were loaded
+(its interpreter and libraries). --gate adds each llama.cpp configuration's accuracy gate (llama.cpp's logits
+against the fp32 reference) before its timed runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, rss_bytes, trim_heap  # noqa: E402
+from autotune.config.workload import Workload  # noqa: E402
+from autotune.gate.corpus import bench_prompts  # noqa: E402
+from autotune.llamacpp.config import SERVER_DEFAULTS, LlamaCppConfig  # noqa: E402
+from autotune.models.registry import resolve_model  # noqa: E402
+from autotune.models.weights import load_tokenizer, model_checksum  # noqa: E402
+from autotune.recipes.recipe import load_recipe  # noqa: E402
+
+RECIPES = "recipes/smollm2-135m/cpu-amd-epyc-avx512bf16-2c"
+
+
+def _best_recipe(folder: str) -> str:
+    """The recipe of highest measured throughput in the folder (a name-by-digest file, not an alias)."""
+    from pathlib import Path
+
+    paths = sorted(p for p in Path(folder).glob("*.yaml") if not p.stem.startswith(("best-", "smallest-")))
+    return str(max(paths, key=lambda p: load_recipe(p).data["metrics"]["throughput_tok_s"]))
+
+
+def _ours_worker(recipe_path: str) -> int:
+    from autotune.benchmark.bench import benchmark_engine
+    from autotune.benchmark.policy import RunPolicy
+    from autotune.recipes.target import place
+    from autotune.serve.app import engine_for
+
+    recipe = load_recipe(recipe_path)
+    base_rss = rss_bytes()
+    engine, tokenizer, _ = engine_for(recipe, place(recipe), check_weights=False)
+    workload = Workload(**recipe.data["workload"])
+    prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
+    warmup = "full"  # the first request compiles (a fused recipe) and settles; later ones warm up briefly
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        policy = RunPolicy(warmup=warmup, min_repeats=1, max_repeats=1, time_cap_s=600.0)
+        print(json.dumps(benchmark_engine(engine, prompts, workload, policy=policy, base_rss=base_rss)), flush=True)
+        warmup = "short"
+    return 0
+
+
+def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload: Workload, gate: bool) -> int:
+    from autotune.benchmark.bench import _run_figures
+    from autotune.llamacpp.engine import LlamaCppModel, Request
+    from autotune.llamacpp.gguf_files import gguf_file
+
+    spec = resolve_model(model_name)
+    tokenizer = load_tokenizer(spec)
+    prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
+    checksum = model_checksum(spec)
+    threads = config.threads or threads
+    path = gguf_file(spec, checksum, config.gguf_type, threads)  # made before the base: the quantizer's memory
+    trim_heap()
+    base_rss = rss_bytes()
+    model = LlamaCppModel(path)
+    header: dict = {"path": str(path), "size_mb": path.stat().st_size / 2**20}
+    if gate:
+        from autotune.gate.corpus import decode_prompts, eval_windows
+        from autotune.gate.reference import cached_reference
+        from autotune.llamacpp.gate import llamacpp_gate
+        from autotune.models.weights import load_hf_model
+
+        ref = cached_reference(checksum, tokenizer, 4096, lambda: load_hf_model(spec, "float32"))
+        ctx = model.context(config, threads)
+        header["gate"] = llamacpp_gate(ctx, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
+        ctx.close()
+    ctx = model.context(config, threads)
+    requests = [Request(p, workload.output_tokens) for p in prompts]
+    ctx.run([Request(p, 4) for p in prompts[:config.parallel]])  # warm-up: one wave of a few tokens
+    print("ready " + json.dumps(header), flush=True)
+    for _ in sys.stdin:
+        trim_heap()
+        reset_peak()
+        t0 = time.perf_counter()
+        completions = ctx.run(requests)
+        figures = _run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]
+        figures["peak_memory_mb"] = (peak_rss_bytes() - base_rss) / 2**20
+        print(json.dumps(figures), flush=True)
+    return 0
+
+
+class _Worker:
+    """A benchmark process, driven one timed run at a time."""
+
+    def __init__(self, label: str, argv: list[str]) -> None:
+        self.label = label
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen([sys.executable, __file__, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env)
+        self.header = json.loads(self._until(lambda line: line.startswith("ready")).removeprefix("ready") or "{}")
+
+    def _until(self, done) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip()
+            if done(line):
+                return line
+            print(f"  {self.label}: {line}", flush=True)
+        raise SystemExit(f"the {self.label} process exited ({self.proc.wait()})")
+
+    def run(self) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return json.loads(self._until(lambda line: line.startswith("{")))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", help=f"default: the highest-throughput recipe of {RECIPES}")
+    parser.add_argument("--types", default="source,Q8_0,F16,BF16")
+    parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--threads", help="llama.cpp's thread counts for the type rows (default: the recipe's)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--best", help="a llama.cpp configuration as JSON (LlamaCppConfig's keys), one more row")
+    parser.add_argument("--gate", action="store_true", help="gate each llama.cpp configuration first")
+    parser.add_argument("--no-ours", action="store_true", help="llama.cpp rows only (no ratio)")
+    parser.add_argument("--ours-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--peer-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ours_worker:
+        return _ours_worker(args.ours_worker)
+    recipe_path = args.recipe or _best_recipe(RECIPES)
+    recipe = load_recipe(recipe_path)
+    workload = Workload(**recipe.data["workload"])
+    threads = recipe.data.get("threads") or recipe.config.device_power
+    if args.peer_worker:
+        config = LlamaCppConfig.from_dict(json.loads(args.peer_worker))
+        return _peer_worker(recipe.model, config, threads, workload, args.gate)
+
+    base = replace(SERVER_DEFAULTS, parallel=args.parallel, n_ctx=4096)
+    rows: list[tuple[str, LlamaCppConfig]] = [("llama-server defaults, shipped GGUF", SERVER_DEFAULTS)]
+    counts = [int(n) for n in args.threads.split(",")] if args.threads else [threads]
+    rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, threads=n))
+             for n in counts for t in args.types.split(",")]
+    if args.best:
+        rows.append(("best of the sweep", LlamaCppConfig.from_dict(json.loads(args.best))))
+    print(f"recipe {recipe_path}: {recipe.config.label()}; {threads} threads; workload {workload.num_requests} "
+          f"requests, prompts {workload.prompt_min}-{workload.prompt_max} tokens, {workload.output_tokens} new",
+          flush=True)
+    workers: list[_Worker] = []
+    try:
+        if not args.no_ours:
+            print("ours: build and warm up", flush=True)
+            workers.append(_Worker("ours", ["--recipe", recipe_path, "--ours-worker", recipe_path]))
+        for label, config in rows:
+            print(f"llama.cpp {label}: {config.label()}", flush=True)
+            argv = ["--recipe", recipe_path, "--peer-worker", json.dumps(config.to_dict())]
+            workers.append(_Worker(label, argv + (["--gate"] if args.gate else [])))
+        figures: dict[str, list[dict]] = {w.label: [] for w in workers}
+        for r in range(args.rounds):
+            for w in workers if r % 2 == 0 else workers[::-1]:
+                figures[w.label].append(w.run())
+                print(f"round {r + 1}/{args.rounds} {w.label}: {figures[w.label][-1]['throughput_tok_s']:.1f} tok/s "
+                      f"{json.dumps(figures[w.label][-1])}", flush=True)
+    finally:
+        for w in workers:
+            w.close()
+    _table(workers, figures, dict(rows), not args.no_ours)
+    return 0
+
+
+def _table(workers: list[_Worker], figures: dict[str, list[dict]], configs: dict[str, LlamaCppConfig],
+           ours: bool) -> None:
+    med = {label: {k: statistics.median(f[k] for f in runs) for k, v in runs[0].items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)} for label, runs in figures.items()}
+    ref = med["ours"]["throughput_tok_s"] if ours else None
+    print()
+    print("| engine | configuration | tok/s (runs) | TTFT p50 ms | TPOT p50 ms | TPOT p99 ms | peak MB | vs ours "
+          "| gate (tie-aware / decode) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in workers:
+        m, runs = med[w.label], figures[w.label]
+        what = configs[w.label].label() if w.label in configs else "recipe"
+        gate = w.header.get("gate")
+        gate_text = (f"{gate['tie_aware_agreement']:.4f} / {gate['decode_agreement'] or 0:.4f} "
+                     f"{'pass' if gate['passed'] else 'FAIL'}" if gate else "-")
+        ratio = f"{m['throughput_tok_s'] / ref:.2f}" if ref else "-"
+        each = ", ".join(f"{f['throughput_tok_s']:.0f}" for f in runs)
+        print(f"| {w.label} | {what} | {m['throughput_tok_s']:.1f} ({each}) "
+              f"| {m['ttft_p50_ms']:.0f} | {m['tpot_p50_ms']:.1f} | {m['tpot_p99_ms']:.1f} | {m['peak_memory_mb']:.0f} "
+              f"| {ratio} | {gate_text} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
