@@ -1,6 +1,7 @@
 """Served against offline throughput of one recipe, side by side in this one run, and the load test's table.
 
     python scripts/bench_serve.py RECIPE [--rounds 7] [--port 8765] [--levels 1,4,8,16,32] [--no-trial]
+                                         [--compare-tree PATH]
 
 Three processes: `autotune serve RECIPE`; an offline process that builds the same engine once and, each time it is
 asked, times one run of the recipe's workload through the benchmark's own code (benchmark_engine: the runner and
@@ -13,7 +14,12 @@ per round: it takes three minutes (build, gate, timed runs), and this machine's 
 minutes (one server, the same served run: 155 tok/s, 140 right after a trial had run, 135-144 ten minutes later
 with nothing else running), so figures taken minutes apart compare two machines. The trial's figure is still
 measured once, before the rounds, beside the offline process's (--no-trial skips it). Then the load test's levels
-once."""
+once.
+
+--compare-tree PATH adds a second server and a second offline process that import autotune from another checkout
+(PYTHONPATH=PATH, e.g. a `git worktree` of an older commit): every round then runs all four, in rotating order, so
+that two versions of the serving stack and of the engine are compared side by side, each against its own offline
+figure and against each other."""
 from __future__ import annotations
 
 import argparse
@@ -70,19 +76,25 @@ def _echo_until(proc: subprocess.Popen, label: str, done) -> str:
     raise SystemExit(f"the {label} process exited ({proc.wait()})")
 
 
+def _env(tree: str | None) -> dict[str, str] | None:
+    """The environment of a process that imports autotune from `tree` (None: this checkout's, as installed)."""
+    return None if tree is None else {**os.environ, "PYTHONPATH": tree}
+
+
 class _Offline:
     """The offline process, driven one timed run at a time; its log lines are echoed."""
 
-    def __init__(self, recipe: str) -> None:
+    def __init__(self, recipe: str, tree: str | None = None, label: str = "offline") -> None:
+        self.label = label
         self.proc = subprocess.Popen([sys.executable, __file__, recipe, "--offline-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _echo_until(self.proc, "offline", lambda line: line == "ready")
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree))
+        _echo_until(self.proc, label, lambda line: line == "ready")
 
     def run(self) -> dict:
         assert self.proc.stdin is not None
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        return json.loads(_echo_until(self.proc, "offline", lambda line: line.startswith("{")))
+        return json.loads(_echo_until(self.proc, self.label, lambda line: line.startswith("{")))
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -90,11 +102,11 @@ class _Offline:
         self.proc.wait(timeout=60)
 
 
-def _serve(recipe: str, port: int) -> subprocess.Popen:
+def _serve(recipe: str, port: int, tree: str | None = None, label: str = "serve") -> subprocess.Popen:
     """`autotune serve` in its own process; returns once it prints that it is serving (build and warm-up done)."""
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", recipe, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    print("  serve:", _echo_until(proc, "serve", lambda line: line.startswith("serving ")), flush=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree))
+    print(f"  {label}:", _echo_until(proc, label, lambda line: line.startswith("serving ")), flush=True)
     return proc
 
 
@@ -104,8 +116,10 @@ def _engine_counters(port: int) -> tuple[float, float]:
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    return tuple(float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))  # type: ignore[union-attr,return-value]
-                 for name in ("autotune:engine_steps_total", "autotune:engine_busy_seconds_total"))
+    # Either naming: prometheus_client's (autotune:...) or the hand-formatted exposition's of older checkouts.
+    found = (re.search(rf"^autotune[:_]{name} (\S+)$", text, re.M) for name in
+             ("engine_steps_total", "engine_busy_seconds_total"))
+    return tuple(float(m.group(1)) for m in found)  # type: ignore[union-attr,return-value]
 
 
 def _trial_figure(recipe: Recipe, workload: Workload) -> dict | None:
@@ -123,13 +137,69 @@ def _trial_figure(recipe: Recipe, workload: Workload) -> dict | None:
     return result.bench
 
 
+class _Version:
+    """One version of the stack under test: its server, its offline process, and what each of its runs measured."""
+
+    def __init__(self, name: str, tree: str | None, port: int) -> None:
+        self.name, self.tree, self.port = name, tree, port
+        self.server: subprocess.Popen | None = None
+        self.offline: _Offline | None = None
+        self.offline_runs: list[dict] = []
+        self.served_runs: list[dict] = []
+        self.engine: list[str] = []
+
+    def start_server(self, recipe: str) -> None:
+        started = time.perf_counter()
+        self.server = _serve(recipe, self.port, self.tree, f"serve {self.name}")
+        print(f"{self.name} server up in {time.perf_counter() - started:.0f} s", flush=True)
+
+    def run(self, kind: str, config, workload: Workload, prompts: list[str]) -> float:
+        if kind == "offline":
+            assert self.offline is not None
+            self.offline_runs.append(self.offline.run())
+            return self.offline_runs[-1]["throughput_tok_s"]
+        before = _engine_counters(self.port)
+        self.served_runs.append(run_loadtest(f"http://127.0.0.1:{self.port}", prompts, [config.batch_size],
+                                             workload.num_requests, workload.output_tokens)["levels"][0])
+        steps, busy = (b - a for a, b in zip(before, _engine_counters(self.port)))
+        # The counters also hold the load test's one warm-up request, sent before the timed level.
+        self.engine.append(f"{steps:.0f} steps, {busy:.2f} s busy")
+        return self.served_runs[-1]["throughput_tok_s"]
+
+    def close(self) -> None:
+        if self.offline is not None:
+            self.offline.close()
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait(timeout=60)
+
+    def summary(self, label: str) -> tuple[float, float, float, float]:
+        off = statistics.median(o["throughput_tok_s"] for o in self.offline_runs)
+        on = statistics.median(s["throughput_tok_s"] for s in self.served_runs)
+        off_tpot = statistics.median(o["tpot_p50_ms"] for o in self.offline_runs)
+        on_tpot = statistics.median(s["tpot_ms"]["p50"] for s in self.served_runs)
+        print(f"{label}")
+        print("| figure | offline benchmark | served (HTTP, streaming, concurrency = batch size) | ratio |")
+        print("|---|---|---|---|")
+        print(f"| throughput (tok/s) | {off:.1f} | {on:.1f} | **{on / off:.2f}** |")
+        print(f"| TPOT p50 (ms) | {off_tpot:.1f} | {on_tpot:.1f} | {on_tpot / off_tpot:.2f} |")
+        off_t = [o["throughput_tok_s"] for o in self.offline_runs]
+        on_t = [s["throughput_tok_s"] for s in self.served_runs]
+        print(f"offline runs: {[round(x, 1) for x in off_t]}; served: {[round(x, 1) for x in on_t]}; ratio per "
+              f"round: {[round(b / a, 2) for a, b in zip(off_t, on_t)]}")
+        print(f"server's engine per served run (with the client's warm-up request): {'; '.join(self.engine)}")
+        return off, on, off_tpot, on_tpot
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--levels", default="1,4,8,16,32")
+    parser.add_argument("--levels", default="1,4,8,16,32", help="the load test's levels after the rounds ('' : none)")
     parser.add_argument("--no-trial", action="store_true", help="skip the trial's own offline figure")
+    parser.add_argument("--compare-tree", default=None, metavar="PATH",
+                        help="another checkout of autotune to measure side by side (its server and offline process)")
     parser.add_argument("--offline-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
@@ -139,69 +209,58 @@ def main() -> int:
     tokenizer = load_tokenizer(resolve_model(recipe.model))
     prompts = [tokenizer.decode(p, skip_special_tokens=True) for p in bench_prompts(
         tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)]
-    url = f"http://127.0.0.1:{args.port}"
-    started = time.perf_counter()
-    server = _serve(args.recipe, args.port)
-    print(f"server up in {time.perf_counter() - started:.0f} s", flush=True)
-    offline: list[dict] = []
-    served: list[dict] = []
-    engine: list[str] = []
+    versions = [_Version("this", None, args.port)]
+    if args.compare_tree:
+        versions.append(_Version("other", os.path.abspath(args.compare_tree), args.port + 1))
     trial = None
     try:
+        for v in versions:
+            v.start_server(args.recipe)
         if not args.no_trial:
             print("the offline benchmark as a trial runs it (build, gate, 3 timed runs)", flush=True)
             if (trial := _trial_figure(recipe, workload)) is None:
                 return 1
             print(f"  {trial['throughput_tok_s']:.1f} tok/s", flush=True)
-        print("offline process: build and warm up", flush=True)
-        worker = _Offline(args.recipe)
-        try:
-            for r in range(args.rounds):
-                for kind in ("offline", "served") if r % 2 == 0 else ("served", "offline"):
-                    if kind == "offline":
-                        offline.append(worker.run())
-                        figure = offline[-1]["throughput_tok_s"]
-                    else:
-                        before = _engine_counters(args.port)
-                        served.append(run_loadtest(url, prompts, [config.batch_size], workload.num_requests,
-                                                   workload.output_tokens)["levels"][0])
-                        steps, busy = (b - a for a, b in zip(before, _engine_counters(args.port)))
-                        # The counters also hold the load test's one warm-up request, sent before the timed level.
-                        engine.append(f"{steps:.0f} steps, {busy:.2f} s busy")
-                        figure = served[-1]["throughput_tok_s"]
-                    print(f"round {r + 1}/{args.rounds} {kind}: {figure:.1f} tok/s", flush=True)
-        finally:
-            worker.close()
-        levels = [int(x) for x in args.levels.split(",")]
-        print(f"load test at {args.levels}", flush=True)
-        # The loadtest's own prompts: 64 of the workload's lengths, as `autotune loadtest` sends them.
-        table_prompts = [tokenizer.decode(p, skip_special_tokens=True) for p in bench_prompts(
-            tokenizer, 64, workload.prompt_min, workload.prompt_max, 0)]
-        table = format_table(run_loadtest(url, table_prompts, levels, None, workload.output_tokens))
+        for v in versions:
+            print(f"offline process ({v.name}): build and warm up", flush=True)
+            v.offline = _Offline(args.recipe, v.tree, f"offline {v.name}")
+        kinds = [(v, kind) for v in versions for kind in ("offline", "served")]
+        for r in range(args.rounds):
+            # Rotate the order, so that no kind always runs first or right after the same other.
+            order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+            for v, kind in (order if r % 2 == 0 else order[::-1]):
+                figure = v.run(kind, config, workload, prompts)
+                print(f"round {r + 1}/{args.rounds} {v.name} {kind}: {figure:.1f} tok/s", flush=True)
+        table = ""
+        if args.levels:
+            print(f"load test at {args.levels}", flush=True)
+            # The loadtest's own prompts: 64 of the workload's lengths, as `autotune loadtest` sends them.
+            table_prompts = [tokenizer.decode(p, skip_special_tokens=True) for p in bench_prompts(
+                tokenizer, 64, workload.prompt_min, workload.prompt_max, 0)]
+            for v in versions:
+                if v.offline is not None:  # its memory and threads back before the load test
+                    v.offline.close()
+                    v.offline = None
+            levels = [int(x) for x in args.levels.split(",")]
+            table = format_table(run_loadtest(f"http://127.0.0.1:{args.port}", table_prompts, levels, None,
+                                              workload.output_tokens))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
-    off_tput = [o["throughput_tok_s"] for o in offline]
-    on_tput = [s["throughput_tok_s"] for s in served]
-    off, on = statistics.median(off_tput), statistics.median(on_tput)
-    off_tpot = statistics.median(o["tpot_p50_ms"] for o in offline)
-    on_tpot = statistics.median(s["tpot_ms"]["p50"] for s in served)
+        for v in versions:
+            v.close()
     print()
     print(f"{recipe.path}: {config.label()}; workload {workload.num_requests} requests, prompts "
           f"{workload.prompt_min}-{workload.prompt_max} tokens, {workload.output_tokens} new tokens; "
-          f"{args.rounds} rounds of one offline and one served run, medians")
-    print("| figure | offline benchmark | served (HTTP, streaming, concurrency = batch size) | ratio |")
-    print("|---|---|---|---|")
-    print(f"| throughput (tok/s) | {off:.1f} | {on:.1f} | **{on / off:.2f}** |")
-    print(f"| TPOT p50 (ms) | {off_tpot:.1f} | {on_tpot:.1f} | {on_tpot / off_tpot:.2f} |")
-    print(f"offline runs: {[round(x, 1) for x in off_tput]}; served: {[round(x, 1) for x in on_tput]}; ratio per "
-          f"round: {[round(b / a, 2) for a, b in zip(off_tput, on_tput)]}")
+          f"{args.rounds} rounds of one offline and one served run per version, medians")
+    results = {v.name: v.summary(f"{v.name} ({v.tree or 'this checkout'}):") for v in versions}
+    if len(results) == 2:
+        (off_a, on_a, _, _), (off_b, on_b, _, _) = results["this"], results["other"]
+        print(f"this against other, same rounds: offline {off_a / off_b:.2f}x, served {on_a / on_b:.2f}x")
     if trial is not None:
         print(f"the offline benchmark as a trial measured it before the rounds: {trial['throughput_tok_s']:.1f} tok/s "
               f"(runs {trial['throughput_min']:.1f}-{trial['throughput_max']:.1f})")
-    print(f"server's engine per served run (with the client's warm-up request): {'; '.join(engine)}")
-    print()
-    print(table)
+    if table:
+        print()
+        print(table)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Figures the README states are what the scripts it names print: the simulator against published figures
+"""Figures the simulator's page (docs/simulator.md) states are what the scripts it names print: the simulator against published figures
 (`scripts/validate_sim.py --loo`, about a second) and, where the study it names is on this machine, the simulator
 against the measured CPU trials."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "simulator.md").read_text()  # the simulator's page, linked from the README
 CPU_STUDY = ROOT / "studies" / "smollm2-135m-cpu.db"
 
 # validate_sim.py rounds errors to whole percents (the README copies them) and medians to tenths of a percent.

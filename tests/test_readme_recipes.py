@@ -1,4 +1,4 @@
-"""The README's study tables state what the checked-in recipes of those studies hold: each row's throughput, gains
+"""The study tables of the measurements page (docs/measurements.md) state what the checked-in recipes of those studies hold: each row's throughput, gains
 over both speed baselines, TPOT p99, peak memory, gate figure and timed runs, re-derived from the recipe of that
 study and trial (the study's database stays on the machine that ran it; its recipes are in the repository)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from autotune.recipes.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "measurements.md").read_text()
 # A study table's header: its gain columns are one per speed baseline the study measured ("x bf16", "x fp32").
 HEADER = re.compile(r"^\| trial \| configuration \| tok/s \|((?: x \w+ \|)+) "
                     r"TPOT p99 \| peak MB \| tie-aware \| runs \|$", re.M)
