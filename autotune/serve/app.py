@@ -24,6 +24,7 @@ from autotune.serve.engine_loop import EngineLoop
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import Limits
 from autotune.serve.server import ServingServer
+from autotune.serve.startup_cache import StartupCache
 
 __all__ = ["build_server", "serve_forever", "placement", "engine_for"]
 
@@ -77,6 +78,8 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     (`server.app.engine_loop.run()`; autotune/serve/engine_loop.py says why)."""
     where = placement(recipe, draft)
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
+    startup = StartupCache.for_recipe(recipe, where.backend)  # this recipe's graphs, compiled by its last start
+    startup.load()
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force)
     engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     started = time.perf_counter()
@@ -85,6 +88,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     else:
         engine_loop.start()
     log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
+    startup.save()
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,

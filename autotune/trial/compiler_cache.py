@@ -16,15 +16,17 @@ def compiler_cache_env() -> dict[str, str]:
 
 
 def compiler_cache_counts() -> dict[str, int]:
-    """Inductor's FX-graph cache hits and misses in this process (call at the end of a job), and the graphs that
-    mode max-autotune meant to replay as CUDA graphs but ran without them (inductor's "skipping cudagraphs due to
-    ..." log line, counted), so that a trial shows it rather than a log nobody reads."""
+    """Inductor's FX-graph cache hits and misses in this process (call at the end of a job), the graphs it did not
+    cache at all (bypasses: every frozen O2 graph on the CPU, whose oneDNN-prepacked weights it cannot pickle), and
+    the graphs that mode max-autotune meant to replay as CUDA graphs but ran without them (inductor's "skipping
+    cudagraphs due to ..." log line, counted), so that a trial shows it rather than a log nobody reads."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:
         return {}
     inductor = counters.get("inductor", {})
     return {"hits": int(inductor.get("fxgraph_cache_hit", 0)), "misses": int(inductor.get("fxgraph_cache_miss", 0)),
+            "bypasses": int(inductor.get("fxgraph_cache_bypass", 0)),
             "cudagraph_skips": int(inductor.get("cudagraph_skips", 0))}
 
 

@@ -1,0 +1,194 @@
+"""A served recipe's compiled graphs, kept for its next start on this machine: torch's own cache artifacts
+(`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOT autograd's entries), saved after the first
+start's warm-up and loaded before the next build, in a folder of the cache root per recipe, with the key they
+were made under beside them.
+
+Loading can never change what the server computes. The artifacts only fill inductor's own caches, whose keys (the
+graph, its shapes, inductor's settings, torch's version) decide whether an entry is used; our key decides only
+whether a bundle is worth loading, and a stale, foreign or corrupt one is ignored with the reason in the log.
+The bundle holds the compiled graphs, not the C++ kernels they call: those stay in inductor's own cache folder
+(TORCHINDUCTOR_CACHE_DIR; /tmp/torchinductor_$USER unless set), and where that was cleared they compile again.
+
+Frozen graphs are not cacheable this way: inductor bypasses its FX graph cache for a graph that holds weights
+prepacked for oneDNN (it says "mkldnn tensors unpickleable"; O2 on the CPU prepacks every linear layer), and AOT
+autograd's cache refuses freezing outright. Their bypasses are counted during the start and said in the log."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from autotune.paths import cache_root
+from autotune.progress import log
+from autotune.recipes.recipe import Recipe, recipe_checksum
+from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
+
+__all__ = ["StartupCache", "startup_key"]
+
+ARTIFACTS, META = "artifacts.bin", "meta.json"
+_ENGINE = Path(__file__).resolve().parent.parent / "engine"
+
+
+def _engine_code() -> str:
+    """The engine's source, hashed: what the graphs are traced from. inductor's keys would only miss on a change;
+    the key says so at once, and keeps a bundle from growing with entries nothing will read again."""
+    digest = hashlib.sha256()
+    for path in sorted(_ENGINE.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def startup_key(recipe: Recipe, backend: str) -> dict[str, str]:
+    """What a bundle must have been made under to be loaded: the recipe's content (its checksum computed here, so
+    that a recipe accepted with --force is keyed by what it says now), torch, this machine's hardware class, the
+    backend it was served on and the engine's code."""
+    from autotune.host import cpu_fingerprint
+
+    return {"recipe": recipe_checksum(recipe.data), "torch": torch.__version__,
+            "machine": cpu_fingerprint()["hardware"], "backend": backend, "engine": _engine_code()}
+
+
+class _Bypasses(logging.Filter):
+    """Why inductor did not cache a graph: its own log line, at INFO, counted by reason. The logger's level is
+    lowered to INFO while counting; what only that lets through is not printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: Counter[str] = Counter()
+        self.quiet_below = self.level_before = logging.NOTSET
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Bypassing FX Graph Cache") and record.args:
+            self.reasons[str(record.args[0] if isinstance(record.args, tuple) else record.args)] += 1
+        return record.levelno >= self.quiet_below
+
+    def start(self) -> None:
+        # One filter for the process, whatever the number of starts: a second would drop what the first counts.
+        logger = logging.getLogger("torch._inductor.codecache")
+        if self not in logger.filters:
+            self.quiet_below, self.level_before = logger.getEffectiveLevel(), logger.level
+            logger.addFilter(self)
+            logger.setLevel(min(self.quiet_below, logging.INFO))
+        self.reasons.clear()
+
+    def stop(self) -> None:
+        logger = logging.getLogger("torch._inductor.codecache")
+        if self in logger.filters:
+            logger.removeFilter(self)
+            logger.setLevel(self.level_before)
+
+
+_BYPASSES = _Bypasses()
+
+
+class StartupCache:
+    """One recipe's bundle: `load()` before building the engine, `save()` once it is warm."""
+
+    def __init__(self, folder: Path, key: dict[str, str], enabled: bool = True) -> None:
+        self.folder, self.key, self.enabled = folder, key, enabled
+        self.loaded = False
+
+    @classmethod
+    def for_recipe(cls, recipe: Recipe, backend: str) -> StartupCache:
+        key = startup_key(recipe, backend)
+        # O0 compiles nothing: there is nothing to keep.
+        return cls(cache_root() / "startup" / key["recipe"].removeprefix("sha256:")[:16], key,
+                   enabled=recipe.config.fusion_level != "O0")
+
+    def load(self) -> bool:
+        """Fill torch's caches from the bundle, if there is one made under this key; True when it was loaded.
+        Starts counting inductor's bypasses for save()."""
+        if not self.enabled:
+            return False
+        _BYPASSES.start()
+        why = self._refusal()
+        if why is None:
+            try:
+                info = torch.compiler.load_cache_artifacts((self.folder / ARTIFACTS).read_bytes())
+            except Exception as exc:  # noqa: BLE001  a bundle that torch cannot read is no reason not to start
+                why = f"torch could not load it ({type(exc).__name__}: {exc})"
+            else:
+                if info is None:
+                    why = "torch could not read its artifacts"
+                else:
+                    self.loaded = True
+                    log(f"serve: start-up cache loaded from {self.folder} ({len(info.inductor_artifacts)} compiled "
+                        f"graphs, {len(info.aot_autograd_artifacts)} AOT autograd entries)")
+        if why is not None:
+            log(f"serve: start-up cache not used: {why}")
+        return self.loaded
+
+    def _refusal(self) -> str | None:
+        """Why the bundle is not to be loaded; None when it is."""
+        meta_path, data_path = self.folder / META, self.folder / ARTIFACTS
+        if not meta_path.exists():
+            return f"none yet in {self.folder}"
+        try:
+            meta = json.loads(meta_path.read_text())
+            made_under, digest = dict(meta["key"]), str(meta["sha256"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return f"its metadata {meta_path} is unreadable ({type(exc).__name__}: {exc}); it will be replaced"
+        changed = [f"{name} {made_under.get(name)!r} there, {value!r} here" for name, value in self.key.items()
+                   if made_under.get(name) != value]
+        if changed:
+            return f"{self.folder} was made under another key ({'; '.join(changed)}); it will be replaced"
+        try:
+            data = data_path.read_bytes()
+        except OSError as exc:
+            return f"{data_path} is unreadable ({exc.strerror or exc}); it will be replaced"
+        if hashlib.sha256(data).hexdigest() != digest:
+            return f"{data_path} does not match the checksum in its metadata (corrupt); it will be replaced"
+        return None
+
+    def save(self) -> None:
+        """Write what this start compiled (after warm-up), unless the loaded bundle already held all of it, and
+        say how the start went: graphs loaded, compiled, and not cacheable with inductor's reason."""
+        if not self.enabled:
+            return
+        reasons = Counter(_BYPASSES.reasons)
+        _BYPASSES.stop()
+        counts = compiler_cache_counts()
+        reasons["reason not logged"] = counts.get("bypasses", 0) - sum(reasons.values())
+        bypassed = "".join(f"; {n} not cacheable by torch ({why})" for why, n in reasons.items() if n > 0)
+        log(f"serve: compiled graphs: {counts.get('hits', 0)} from the cache, {counts.get('misses', 0)} compiled"
+            f"{bypassed}; {compile_seconds():.1f} s compiling")
+        if self.loaded and not counts.get("misses"):
+            return
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except Exception as exc:  # noqa: BLE001  the server is warm: a cache it cannot write must not stop it
+            log(f"serve: start-up cache not saved: torch could not serialize it ({type(exc).__name__}: {exc})")
+            return
+        if saved is None:
+            log("serve: start-up cache not saved: torch recorded nothing cacheable in this start")
+            return
+        data = saved[0]
+        meta = {"key": self.key, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                "inductor_artifacts": len(saved[1].inductor_artifacts)}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # Artifacts first, metadata last, each replaced whole: a reader sees the old pair or a checksum miss.
+            _write_atomic(self.folder / ARTIFACTS, data)
+            _write_atomic(self.folder / META, json.dumps(meta, indent=1).encode())
+        except OSError as exc:
+            log(f"serve: start-up cache not saved in {self.folder}: {exc.strerror or exc}")
+            return
+        log(f"serve: start-up cache saved in {self.folder} ({len(data) / 2**20:.1f} MiB, "
+            f"{meta['inductor_artifacts']} compiled graphs)")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
