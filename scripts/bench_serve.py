@@ -37,6 +37,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from autotune.backends import get_backend  # noqa: E402
 from autotune.benchmark.bench import benchmark_engine  # noqa: E402
 from autotune.benchmark.peak_rss import rss_bytes  # noqa: E402
+from autotune.benchmark.policy import RunPolicy  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
 from autotune.gate.corpus import bench_prompts  # noqa: E402
 from autotune.gate.design import GATE_VERSION  # noqa: E402
@@ -56,11 +57,13 @@ def _offline_worker(recipe: Recipe) -> int:
     workload = Workload(**recipe.data["workload"])
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
-    warmup = 2  # as a trial's benchmark: compile and settle before the first timed run
+    # The first run warms up as a trial of a compiled build does (one whole run: every graph shape met once); later
+    # runs only touch the kernels again (a few tokens). One timed run of the whole workload each.
+    policy = RunPolicy(warmup="full", max_repeats=1)
     print("ready", flush=True)
     for _ in sys.stdin:
-        figures = benchmark_engine(engine, prompts, workload, repeats=1, warmup=warmup, base_rss=base_rss)
-        warmup = 0
+        figures = benchmark_engine(engine, prompts, workload, policy=policy, base_rss=base_rss)
+        policy = RunPolicy(warmup="short", max_repeats=1)
         print(json.dumps(figures), flush=True)
     return 0
 
@@ -77,8 +80,13 @@ def _echo_until(proc: subprocess.Popen, label: str, done) -> str:
 
 
 def _env(tree: str | None) -> dict[str, str] | None:
-    """The environment of a process that imports autotune from `tree` (None: this checkout's, as installed)."""
+    """The environment of a process that imports autotune from `tree` (None: this checkout's, as installed). The
+    process also runs in `tree` (_cwd): `python -m` puts the working directory before PYTHONPATH."""
     return None if tree is None else {**os.environ, "PYTHONPATH": tree}
+
+
+def _cwd(tree: str | None) -> str | None:
+    return tree
 
 
 class _Offline:
@@ -86,8 +94,9 @@ class _Offline:
 
     def __init__(self, recipe: str, tree: str | None = None, label: str = "offline") -> None:
         self.label = label
-        self.proc = subprocess.Popen([sys.executable, __file__, recipe, "--offline-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree))
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), os.path.abspath(recipe),
+                                      "--offline-worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=_env(tree), cwd=_cwd(tree))
         _echo_until(self.proc, label, lambda line: line == "ready")
 
     def run(self) -> dict:
@@ -104,8 +113,9 @@ class _Offline:
 
 def _serve(recipe: str, port: int, tree: str | None = None, label: str = "serve") -> subprocess.Popen:
     """`autotune serve` in its own process; returns once it prints that it is serving (build and warm-up done)."""
-    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", recipe, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree))
+    proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", os.path.abspath(recipe), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree),
+                            cwd=_cwd(tree))
     print(f"  {label}:", _echo_until(proc, label, lambda line: line.startswith("serving ")), flush=True)
     return proc
 
@@ -200,6 +210,9 @@ def main() -> int:
     parser.add_argument("--no-trial", action="store_true", help="skip the trial's own offline figure")
     parser.add_argument("--compare-tree", default=None, metavar="PATH",
                         help="another checkout of autotune to measure side by side (its server and offline process)")
+    parser.add_argument("--client-nice", type=int, default=0, metavar="N",
+                        help="run the load test's client (this process, once the servers and offline processes are "
+                             "up) at this niceness: a client on another machine takes no cycles from the server")
     parser.add_argument("--offline-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     recipe = load_recipe(args.recipe)
@@ -224,6 +237,9 @@ def main() -> int:
         for v in versions:
             print(f"offline process ({v.name}): build and warm up", flush=True)
             v.offline = _Offline(args.recipe, v.tree, f"offline {v.name}")
+        if args.client_nice:
+            os.nice(args.client_nice)  # this process only: the servers and offline processes started before it
+            print(f"client at niceness {args.client_nice}", flush=True)
         kinds = [(v, kind) for v in versions for kind in ("offline", "served")]
         for r in range(args.rounds):
             # Rotate the order, so that no kind always runs first or right after the same other.

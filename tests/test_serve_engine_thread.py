@@ -8,9 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from recipe_factory import tiny_recipe
 
+from autotune.engine import Request
 from autotune.recipes.recipe import load_recipe
 from autotune.serve import build_server
 from autotune.serve.loadtest import one_request
@@ -69,3 +71,25 @@ def test_autotune_serve_answers_then_stops_on_sigterm(tmp_path, decided_model_fo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_burst_that_finds_the_engine_idle_is_prefilled_as_one(tmp_path, decided_model_folder, monkeypatch):
+    """Requests arriving a couple of milliseconds apart (as HTTP handlers hand them over) on an idle engine go into
+    one prefill forward, as offline, not the first alone and the rest beside its decode."""
+    server = build_server(load_recipe(tiny_recipe(tmp_path, decided_model_folder, batch_size=4)), "127.0.0.1", 0)
+    engine_loop = server.app.engine_loop
+    forwards: list[int] = []
+    prefill = engine_loop._runner.model.prefill
+    monkeypatch.setattr(engine_loop._runner.model, "prefill", lambda ids, *a: forwards.append(len(ids)) or
+                        prefill(ids, *a))
+    done = threading.Semaphore(0)
+    try:
+        for _ in range(4):
+            engine_loop.submit(Request([5, 6, 7, 8], 4, min_new_tokens=4),
+                               lambda event: event[0] in ("done", "error") and done.release())
+            time.sleep(0.002)
+        for _ in range(4):
+            assert done.acquire(timeout=60)
+    finally:
+        engine_loop.stop()
+    assert forwards == [4], forwards

@@ -28,6 +28,13 @@ __all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PRE
 # Prompt tokens one engine step may prefill: new prompts delay the running decodes by one forward of at most this
 # many tokens a step, instead of all admitted prompts at once (8 prompts of 128 tokens in one forward).
 PREFILL_CHUNK = 256
+# A burst of requests that finds the engine idle (clients connecting together) is admitted as one: the loop keeps
+# taking arrivals while each comes within ARRIVAL_GAP_S of the last, for at most BURST_WINDOW_S, so that the burst is
+# prefilled in one forward as offline, rather than its first request alone and the rest in chunks beside that
+# request's decode (one served run of 16 streaming requests took 72 engine steps where offline takes 64). It costs a
+# lone request on an idle server one gap of waiting.
+ARRIVAL_GAP_S = 0.005
+BURST_WINDOW_S = 0.05
 
 
 class Overloaded(Exception):
@@ -146,10 +153,15 @@ class EngineLoop:
             try:
                 # Block only when nothing runs: a running batch must not wait for new arrivals.
                 handle = self._inbox.get(timeout=0.2) if idle else self._inbox.get_nowait()
+                burst_ends = time.perf_counter() + BURST_WINDOW_S
                 while True:
                     handle.completion = self._runner.submit(handle.request, arrival=handle.arrival)
                     self._live.append(handle)
-                    handle = self._inbox.get_nowait()
+                    left = burst_ends - time.perf_counter()
+                    if idle and left > 0 and len(self._live) < self.batch_size:
+                        handle = self._inbox.get(timeout=min(ARRIVAL_GAP_S, left))
+                    else:
+                        handle = self._inbox.get_nowait()
             except queue.Empty:
                 pass
             if not self._live:
