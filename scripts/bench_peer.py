@@ -67,7 +67,7 @@ def _ours_worker(recipe_path: str) -> int:
 
 
 def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload: Workload, gate: bool) -> int:
-    from autotune.benchmark.bench import _run_figures
+    from autotune.benchmark.bench import run_figures
     from autotune.llamacpp.engine import LlamaCppModel, Request
     from autotune.llamacpp.gguf_files import gguf_file
 
@@ -100,7 +100,7 @@ def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload
         reset_peak()
         t0 = time.perf_counter()
         completions = ctx.run(requests)
-        figures = _run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]
+        figures = run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]
         figures["peak_memory_mb"] = (peak_rss_bytes() - base_rss) / 2**20
         print(json.dumps(figures), flush=True)
     return 0

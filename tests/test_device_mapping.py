@@ -214,7 +214,7 @@ def test_cuda_int4_build_sets_a_group_size_per_layer(monkeypatch):
 
 
 class _OneGroupSize(CudaW4A16):
-    """The CUDA int4 path before issue 13: one group size of 128 for every layer."""
+    """The CUDA int4 path before per-width groups: one group size of 128 for every layer."""
 
     def apply(self, model, select):
         from torchao.quantization import quantize_

@@ -21,10 +21,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("quant",),
     ("devices",),
     ("trial",),
+    ("llamacpp",),
     ("backends",),
     ("recipes",),
     ("study",),
     ("results", "serve"),
+    ("api",),
     ("cli",),
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
@@ -37,6 +39,9 @@ LAZY_OK: dict[str, str] = {
     # The probe's module is read by the CPU backend, which must load without torch; the quantizers it times load
     # only when it measures (once per machine).
     "autotune.probe.cpu": "quantizers load when the probe measures, not with the backend",
+    # `import autotune` (every trial's child process imports it) stays cheap: the Python API, which loads Optuna
+    # and the study, loads on first use of `autotune.search`.
+    "autotune": "the Python API loads on first use",
 }
 
 

@@ -1,6 +1,6 @@
-"""Figures the simulator's page (docs/simulator.md) states are what the scripts it names print: the simulator against published figures
-(`scripts/validate_sim.py --loo`, about a second) and, where the study it names is on this machine, the simulator
-against the measured CPU trials."""
+"""Figures the simulator's page (docs/simulator.md) states are what the scripts it names print: the simulator
+against published figures (`scripts/validate_sim.py --loo`, about a second) and, where the study it names is on
+this machine, the simulator against the measured CPU trials."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,7 @@
-"""The study tables of the measurements page (docs/measurements.md) state what the checked-in recipes of those studies hold: each row's throughput, gains
-over both speed baselines, TPOT p99, peak memory, gate figure and timed runs, re-derived from the recipe of that
-study and trial (the study's database stays on the machine that ran it; its recipes are in the repository)."""
+"""The study tables of the measurements page (docs/measurements.md) state what the checked-in recipes of those
+studies hold: each row's throughput, gains over both speed baselines, TPOT p99, peak memory, gate figure and timed
+runs, re-derived from the recipe of that study and trial (the study's database stays on the machine that ran it;
+its recipes are in the repository)."""
 from __future__ import annotations
 
 import re

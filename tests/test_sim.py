@@ -1,4 +1,5 @@
-"""The analytical simulator: arithmetic against FACTS.md, feasibility, monotonicity, speed, labelling."""
+"""The analytical simulator: arithmetic against published hardware figures, feasibility, monotonicity, speed,
+labelling."""
 from __future__ import annotations
 
 import dataclasses

@@ -14,7 +14,7 @@ from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
 from autotune.progress import log
 
-__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize"]
+__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize", "run_figures"]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -33,7 +33,7 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def _run_figures(completions: list[Completion], seconds: float) -> dict:
+def run_figures(completions: list[Completion], seconds: float) -> dict:
     ttft = [c.ttft * 1e3 for c in completions]
     tpot = [c.tpot * 1e3 for c in completions if c.tpot is not None]
     tokens = sum(len(c.output_ids) for c in completions)
@@ -85,7 +85,7 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
         t0 = time.perf_counter()
         completions = runner.run(reqs)
         sync()
-        return _run_figures(completions, time.perf_counter() - t0)
+        return run_figures(completions, time.perf_counter() - t0)
 
     marks: dict = {}
     if policy.screen and wave < len(prompts):
@@ -183,7 +183,7 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
                 c.token_times = list(streamer.times)
                 c.output_ids = [0] * len(streamer.times)
                 completions.append(c)
-        return _run_figures(completions, time.perf_counter() - start)
+        return run_figures(completions, time.perf_counter() - start)
 
     peak_reset = _reset_peak(device)
     started = time.perf_counter()

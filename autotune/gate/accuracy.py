@@ -14,7 +14,7 @@ from autotune.gate.reference import Reference, agreeing, compute_reference
 from autotune.gate.result import GateResult
 from autotune.gate.verdict import interval
 
-__all__ = ["Reference", "GateResult", "compute_reference", "evaluate_gate", "decode_check", "TOP_K"]
+__all__ = ["Reference", "GateResult", "compute_reference", "evaluate_gate", "decode_check", "score_window", "TOP_K"]
 
 
 def _windows_logits(engine: Engine, windows: list[list[int]]) -> torch.Tensor:
@@ -55,7 +55,7 @@ def evaluate_gate(engine: Engine, reference: Reference, windows: list[list[int]]
     for i in range(0, len(windows), _WINDOWS_PER_CALL):
         group = windows[i:i + _WINDOWS_PER_CALL]
         for window, logits in zip(group, _windows_logits(engine, group)):
-            offset, agree, nll_w, kl_w = _score(window, torch.log_softmax(logits, dim=-1), reference, offset,
+            offset, agree, nll_w, kl_w = score_window(window, torch.log_softmax(logits, dim=-1), reference, offset,
                                                 tie_epsilon)
             raw += agree[0]
             tie += agree[1]
@@ -75,7 +75,7 @@ def evaluate_gate(engine: Engine, reference: Reference, windows: list[list[int]]
                                                 pool_tokens))
 
 
-def _score(window: list[int], logprobs: torch.Tensor, reference: Reference, offset: int,
+def score_window(window: list[int], logprobs: torch.Tensor, reference: Reference, offset: int,
            tie_epsilon: float) -> tuple[int, tuple[int, int], float, float]:
     """One window's positions against the reference; logprobs: [n, vocab]. Returns the new offset,
     (raw, tie-aware) agreeing positions, summed NLL and summed KL."""

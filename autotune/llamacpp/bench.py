@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from autotune.benchmark.bench import _run_figures, summarize  # one definition of every figure, for every engine
+from autotune.benchmark.bench import run_figures, summarize  # one definition of every figure, for every engine
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
 from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
@@ -32,7 +32,7 @@ def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload:
     def one_run() -> dict:
         t0 = time.perf_counter()
         completions = ctx.run(requests)
-        return _run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]  # same properties
+        return run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]  # same properties
 
     runs, stop = timed_runs(one_run, policy, log)
     out = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s,

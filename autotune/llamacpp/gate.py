@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from autotune.gate.accuracy import _score  # the windows' scoring itself: one definition for every engine
+from autotune.gate.accuracy import score_window  # the windows' scoring itself: one definition for every engine
 from autotune.gate.design import DECODE_STAGE_PROMPTS
 from autotune.gate.reference import Reference, agreeing
 from autotune.gate.result import GateResult
@@ -28,7 +28,8 @@ def llamacpp_gate(ctx: LlamaCppContext, reference: Reference, windows: list[list
     nll = kl = 0.0
     for window in windows:
         logits = torch.from_numpy(ctx.all_logits(window)[:-1])
-        offset, agree, nll_w, kl_w = _score(window, torch.log_softmax(logits, dim=-1), reference, offset, tie_epsilon)
+        offset, agree, nll_w, kl_w = score_window(window, torch.log_softmax(logits, dim=-1), reference, offset,
+                                                   tie_epsilon)
         raw, tie, nll, kl = raw + agree[0], tie + agree[1], nll + nll_w, kl + kl_w
         if offset - tie >= allowed_misses and offset < total:
             break

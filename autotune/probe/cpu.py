@@ -26,7 +26,7 @@ __all__ = ["DECODE_SHAPE", "native_precisions", "decide_precisions", "decide_ker
            "probe_cache_path"]
 
 PROBE_VERSION = "1"
-# rows, in, out: the gate projection of a SmolLM2-sized decode step at batch 8 (the issue's 8x576 @ 576x1536).
+# rows, in, out: the gate projection of a SmolLM2-sized decode step at batch 8 (8x576 @ 576x1536).
 DECODE_SHAPE = (8, 576, 1536)
 _NATIVE_FLAGS = {"bf16": "avx512_bf16 or amx_bf16", "fp16": "avx512_fp16 or amx_fp16"}
 

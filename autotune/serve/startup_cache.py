@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from autotune.host import cpu_fingerprint
 from autotune.paths import cache_root
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, recipe_checksum
@@ -48,8 +49,6 @@ def startup_key(recipe: Recipe, backend: str) -> dict[str, str]:
     """What a bundle must have been made under to be loaded: the recipe's content (its checksum computed here, so
     that a recipe accepted with --force is keyed by what it says now), torch, this machine's hardware class, the
     backend it was served on and the engine's code."""
-    from autotune.host import cpu_fingerprint
-
     return {"recipe": recipe_checksum(recipe.data), "torch": torch.__version__,
             "machine": cpu_fingerprint()["hardware"], "backend": backend, "engine": _engine_code()}
 
