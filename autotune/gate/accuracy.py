@@ -3,6 +3,7 @@ perplexity and KL, then the decode check (autotune/gate/decode.py)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -14,7 +15,8 @@ from autotune.gate.reference import Reference, agreeing, compute_reference
 from autotune.gate.result import GateResult
 from autotune.gate.verdict import interval
 
-__all__ = ["Reference", "GateResult", "compute_reference", "evaluate_gate", "decode_check", "score_window", "TOP_K"]
+__all__ = ["Reference", "GateResult", "compute_reference", "evaluate_gate", "decode_check", "score_window",
+           "score_windows", "TOP_K"]
 
 
 def _windows_logits(engine: Engine, windows: list[list[int]]) -> torch.Tensor:
@@ -47,36 +49,44 @@ def evaluate_gate(engine: Engine, reference: Reference, windows: list[list[int]]
     `pool_tokens` are the benchmark's, so that the decode check runs (and compiles) the very graphs the benchmark
     will use. `stop_early=False` (quant-report) scores every
     window and runs the decode check whatever the windows show, so that a failing build's figures are complete."""
+    groups = (windows[i:i + _WINDOWS_PER_CALL] for i in range(0, len(windows), _WINDOWS_PER_CALL))
+    figures, complete = score_windows(windows, (list(zip(g, _windows_logits(engine, g))) for g in groups), reference,
+                                      tie_epsilon, min_agreement, stop_early)
+    if not complete:
+        return GateResult(**figures, stopped_early=True)
+    if stop_early and figures["tie_aware_agreement"] <= min_agreement:
+        return GateResult(**figures)  # every window scored, and they fail: the decode check cannot change that
+    return GateResult(**figures, **decode_check(engine, reference, prompts, tie_epsilon, min_agreement, max_seq_len,
+                                                pool_tokens))
+
+
+def score_windows(windows: list[list[int]], scored: Iterable[list[tuple[list[int], torch.Tensor]]],
+                  reference: Reference, tie_epsilon: float, min_agreement: float,
+                  stop_early: bool = True) -> tuple[dict[str, Any], bool]:
+    """The teacher-forced windows' figures, whichever engine gave the logits: `scored` yields groups of (window,
+    its logits [len - 1, vocab]) in the windows' order, computed as they are asked for. After each group, once the
+    misses exceed what a pass over all of `windows` allows, no more is asked for (with `stop_early`). Returns the
+    figures and whether every window was scored."""
     total = sum(len(w) - 1 for w in windows)
     allowed_misses = (1 - min_agreement) * total  # a pass needs misses < this
-    raw = tie = 0
+    raw = tie = offset = 0
     nll = kl = 0.0
-    offset = 0
-    for i in range(0, len(windows), _WINDOWS_PER_CALL):
-        group = windows[i:i + _WINDOWS_PER_CALL]
-        for window, logits in zip(group, _windows_logits(engine, group)):
+    for group in scored:
+        for window, logits in group:
             offset, agree, nll_w, kl_w = score_window(window, torch.log_softmax(logits, dim=-1), reference, offset,
-                                                tie_epsilon)
-            raw += agree[0]
-            tie += agree[1]
-            nll += nll_w
-            kl += kl_w
+                                                      tie_epsilon)
+            raw, tie, nll, kl = raw + agree[0], tie + agree[1], nll + nll_w, kl + kl_w
         if stop_early and offset - tie >= allowed_misses and offset < total:
             break
     figures: dict[str, Any] = dict(
         tie_aware_agreement=tie / offset, raw_agreement=raw / offset, perplexity=math.exp(nll / offset),
         reference_perplexity=reference.perplexity, kl_divergence=kl / offset, positions=offset,
         tie_epsilon=tie_epsilon, min_agreement=min_agreement, tie_aware_interval=list(interval(tie, offset)))
-    if offset < total:
-        return GateResult(**figures, stopped_early=True)
-    if stop_early and tie / offset <= min_agreement:
-        return GateResult(**figures)  # every window scored, and they fail: the decode check cannot change that
-    return GateResult(**figures, **decode_check(engine, reference, prompts, tie_epsilon, min_agreement, max_seq_len,
-                                                pool_tokens))
+    return figures, offset == total
 
 
 def score_window(window: list[int], logprobs: torch.Tensor, reference: Reference, offset: int,
-           tie_epsilon: float) -> tuple[int, tuple[int, int], float, float]:
+                 tie_epsilon: float) -> tuple[int, tuple[int, int], float, float]:
     """One window's positions against the reference; logprobs: [n, vocab]. Returns the new offset,
     (raw, tie-aware) agreeing positions, summed NLL and summed KL."""
     n = logprobs.shape[0]

@@ -2,6 +2,8 @@
 decided (autotune/gate/design.py gives the sizes and why)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from autotune.engine import Engine, Request
@@ -9,7 +11,7 @@ from autotune.gate.design import DECODE_STAGE_PROMPTS
 from autotune.gate.reference import Reference, agreeing
 from autotune.gate.verdict import judge
 
-__all__ = ["decode_check"]
+__all__ = ["decode_check", "staged_decode"]
 
 
 def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]], tie_epsilon: float,
@@ -26,20 +28,33 @@ def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]],
     (autotune/gate/verdict.py), and a straddling one gets the next stage, until all of `prompts` (the cap)."""
     prompts = prompts[:len(reference.decode_tokens)]
     new = reference.decode_top_ids.shape[1]
-    scored = new - 1
-    cap = scored * len(prompts)
     batch = engine.config.batch_size
     runner = engine.runner(max_seq_len=max(max_seq_len, max(map(len, prompts)) + new), pool_tokens=pool_tokens)
     eos = engine.model.eos_token_id
-    raw = tie = positions = used = 0
-    first_miss: int | None = None
-    while True:
-        chunk = list(range(used, min(used + stage, len(prompts))))
+
+    def greedy_ids(chunk: list[int]) -> list[list[int]]:
         rows = [chunk[k % len(chunk)] for k in range(max(batch, len(chunk)))]
         outs = runner.run([Request(prompts[i], new, min_new_tokens=new, eos_token_id=eos,
                                    forced_ids=tuple(reference.decode_tokens[i])) for i in rows])
-        for i, out in list(zip(rows, outs))[:len(chunk)]:  # a repeated prompt filled the batch: scored once
-            same, agree = agreeing(torch.tensor(out.greedy_ids[1:]), reference.decode_top_ids[i, 1:],
+        return [out.greedy_ids for out in outs[:len(chunk)]]  # a repeated prompt filled the batch: scored once
+
+    return staged_decode(len(prompts), reference, tie_epsilon, min_agreement, stage, greedy_ids)
+
+
+def staged_decode(num_prompts: int, reference: Reference, tie_epsilon: float, min_agreement: float, stage: int,
+                  greedy_ids: Callable[[list[int]], list[list[int]]]) -> dict:
+    """The decode check's stages and verdict, whichever engine decodes: `greedy_ids(chunk)` runs the prompts of
+    those indices teacher-forced on the reference's continuation and returns each one's greedy choices (the first
+    from the prefill, not scored). Stages of `stage` prompts until the verdict is decided or all are used."""
+    new = reference.decode_top_ids.shape[1]
+    scored = new - 1
+    cap = scored * num_prompts
+    raw = tie = positions = used = 0
+    first_miss: int | None = None
+    while True:
+        chunk = list(range(used, min(used + stage, num_prompts)))
+        for i, ids in zip(chunk, greedy_ids(chunk)):
+            same, agree = agreeing(torch.tensor(ids[1:]), reference.decode_top_ids[i, 1:],
                                    reference.decode_top_logprobs[i, 1:], tie_epsilon)
             raw += int(same.sum())
             tie += int(agree.sum())
