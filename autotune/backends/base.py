@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from autotune.host import num_cores
 from autotune.probe.capabilities import Capabilities
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "restrict_to_cores"]
 
 
 class Backend(ABC):
@@ -45,3 +46,17 @@ class Backend(ABC):
     def hardware_name(self) -> str:
         """A short, stable name of the hardware class, used in recipe paths."""
         return self.fingerprint()["hardware"]
+
+
+def restrict_to_cores(space: SearchSpace, what: str) -> SearchSpace:
+    """The space with `device_power`, where it is a thread count (`what` says whose), kept to this machine's cores:
+    the levels above them dropped with the reason, or the core count alone where no level fits."""
+    if "device_power" not in {d.name for d in space.dimensions}:
+        return space
+    cores = num_cores()
+    values = space.dimension("device_power").values
+    keep = tuple(v for v in values if v <= cores)
+    if keep == values:
+        return space
+    return space.restrict("device_power", keep or (cores,),
+                          f"device_power is {what} and this machine has {cores} cores")

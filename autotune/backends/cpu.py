@@ -3,9 +3,9 @@ precisions the capability probe found native (or nearly as fast), fastest first,
 has."""
 from __future__ import annotations
 
-from autotune.backends.base import Backend
+from autotune.backends.base import Backend, restrict_to_cores
 from autotune.backends.isolated import run_isolated
-from autotune.host import cpu_fingerprint, num_cores
+from autotune.host import cpu_fingerprint
 from autotune.probe.capabilities import Capabilities, restrict_space
 from autotune.probe.cpu import cpu_capabilities
 from autotune.space.search_space import SearchSpace
@@ -24,14 +24,7 @@ class CpuBackend(Backend):
         return cpu_capabilities()
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        names = {d.name for d in space.dimensions}
-        if "device_power" in names:
-            cores = num_cores()
-            keep = tuple(v for v in space.dimension("device_power").values if v <= cores)
-            if keep != space.dimension("device_power").values:
-                space = space.restrict("device_power", keep or (cores,),
-                                       f"device_power is the thread count on the CPU and this machine has {cores} cores")
-        return restrict_space(space, self.capabilities())
+        return restrict_space(restrict_to_cores(space, "the thread count on the CPU"), self.capabilities())
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from autotune.backends.base import Backend
+from autotune.backends.base import Backend, restrict_to_cores
 from autotune.backends.isolated import run_isolated
-from autotune.host import cpu_fingerprint, num_cores
+from autotune.host import cpu_fingerprint
 from autotune.llamacpp.build_info import installed
 from autotune.llamacpp.config import LlamaCppConfig
 from autotune.space.search_space import SearchSpace
@@ -59,12 +59,7 @@ class LlamaCppBackend(Backend):
         for name, reason in _NOT_LLAMACPP.items():
             if name in names:
                 space = space.restrict(name, (), reason)
-        if "device_power" in names:
-            cores = num_cores()
-            keep = tuple(v for v in space.dimension("device_power").values if v <= cores)
-            if keep != space.dimension("device_power").values:
-                space = space.restrict("device_power", keep or (cores,),
-                                       f"device_power is llama.cpp's thread count and this machine has {cores} cores")
+        space = restrict_to_cores(space, "llama.cpp's thread count")
         fixed = {k: v for k, v in LLAMACPP_FIXED.to_dict().items() if k not in ("parallel", "threads")}
         return replace(space, dropped={**space.dropped, "llamacpp": f"fixed in this study: {fixed} (llama.cpp's own "
                                        "knobs are not yet dimensions of a study; scripts/bench_peer.py --sweep)"})
