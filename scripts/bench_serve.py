@@ -81,12 +81,8 @@ def _echo_until(proc: subprocess.Popen, label: str, done) -> str:
 
 def _env(tree: str | None) -> dict[str, str] | None:
     """The environment of a process that imports autotune from `tree` (None: this checkout's, as installed). The
-    process also runs in `tree` (_cwd): `python -m` puts the working directory before PYTHONPATH."""
+    process also runs in `tree` (cwd=tree): `python -m` puts the working directory before PYTHONPATH."""
     return None if tree is None else {**os.environ, "PYTHONPATH": tree}
-
-
-def _cwd(tree: str | None) -> str | None:
-    return tree
 
 
 class _Offline:
@@ -96,7 +92,7 @@ class _Offline:
         self.label = label
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), os.path.abspath(recipe),
                                       "--offline-worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=_env(tree), cwd=_cwd(tree))
+                                     stderr=subprocess.STDOUT, text=True, env=_env(tree), cwd=tree)
         _echo_until(self.proc, label, lambda line: line == "ready")
 
     def run(self) -> dict:
@@ -115,7 +111,7 @@ def _serve(recipe: str, port: int, tree: str | None = None, label: str = "serve"
     """`autotune serve` in its own process; returns once it prints that it is serving (build and warm-up done)."""
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "serve", os.path.abspath(recipe), "--port",
                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tree),
-                            cwd=_cwd(tree))
+                            cwd=tree)
     print(f"  {label}:", _echo_until(proc, label, lambda line: line.startswith("serving ")), flush=True)
     return proc
 
