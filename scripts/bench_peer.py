@@ -1,7 +1,7 @@
 """llama.cpp beside autotune's best recipe, on the same model, workload, prompts and thread count, in one run.
 
     python scripts/bench_peer.py [--recipe RECIPE] [--types source,Q8_0,F16,BF16] [--parallel 8] [--rounds 3]
-                                 [--best '{"gguf_type": "F16", ...}'] [--gate]
+                                 [--best LLAMACPP_RECIPE] [--gate]
 
 Each engine runs in a fresh process of its own, built once: the recipe's engine (as `autotune serve` builds it; one
 timed run of the workload through the benchmark's own code per request), and one llama.cpp process per
@@ -10,7 +10,8 @@ knobs, the workload's requests through `parallel` sequences with continuous batc
 llama-server's slots run them, without HTTP). The rounds run one timed run of every engine in turn, the order
 reversed every other round, so that the machine's drift falls on all of them alike; the table has the medians.
 Rows: the recipe; llama.cpp as llama-server runs given only the shipped GGUF (its defaults: 4 slots, the model's
-trained context, batch 2048/512, flash attention auto, f16 KV); each GGUF type at --parallel sequences; and --best.
+trained context, batch 2048/512, flash attention auto, f16 KV); each GGUF type at --parallel sequences; and --best,
+the configuration of a recipe of `autotune search --backend llamacpp` (llama.cpp's knobs, searched and gated).
 Peak memory: each process's high-water mark during its runs, minus its resident size before the weights were loaded
 (its interpreter and libraries). --gate adds each llama.cpp configuration's accuracy gate (llama.cpp's logits
 against the fp32 reference) before its timed runs."""
@@ -144,7 +145,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--threads", help="llama.cpp's thread counts for the type rows (default: the recipe's)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--best", help="a llama.cpp configuration as JSON (LlamaCppConfig's keys), one more row")
+    parser.add_argument("--best", help="a recipe of the llamacpp backend: its configuration, one more row")
     parser.add_argument("--gate", action="store_true", help="gate each llama.cpp configuration first")
     parser.add_argument("--no-ours", action="store_true", help="llama.cpp rows only (no ratio)")
     parser.add_argument("--ours-worker", help=argparse.SUPPRESS)
@@ -166,7 +167,7 @@ def main() -> int:
     rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, threads=n))
              for n in counts for t in args.types.split(",")]
     if args.best:
-        rows.append(("best of the sweep", LlamaCppConfig.from_dict(json.loads(args.best))))
+        rows.append((f"llama.cpp's search: {args.best}", LlamaCppConfig.of(load_recipe(args.best).config)))
     print(f"recipe {recipe_path}: {recipe.config.label()}; {threads} threads; workload {workload.num_requests} "
           f"requests, prompts {workload.prompt_min}-{workload.prompt_max} tokens, {workload.output_tokens} new",
           flush=True)

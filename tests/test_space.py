@@ -64,6 +64,12 @@ def test_grid_size_counts_conditional_dimensions_once():
     ("dimensions:\n  quant: {values: [none]}\nbaseline:\n  quant: w8a16\n", 4, "not among"),
     ("dimensions:\n  quant:\n    values: [none]\n    numerics: false\n", 4, "numerics is True"),
     ("versoin: 1\ndimensions: {}\n", 1, "unknown section 'versoin'"),
+    # llama.cpp's pairs it would refuse, and YAML's bare on/off.
+    ("dimensions:\n  n_batch: {values: [512, 256]}\n  n_ubatch:\n    values: [512]\n", 3, "n_ubatch 512 is above "
+     "n_batch 256"),
+    ("dimensions:\n  flash_attn: {values: [\"on\", \"off\"]}\n  kv_type:\n    values: [f16, q8_0]\n", 3,
+     "needs flash attention"),
+    ("dimensions:\n  flash_attn:\n    values: [on, off]\n", 3, 'quote it: "on"'),
 ])
 def test_bad_space_names_file_and_line(tmp_path, text, line, words):
     path = tmp_path / "space.yaml"
@@ -72,6 +78,21 @@ def test_bad_space_names_file_and_line(tmp_path, text, line, words):
         load_space(path)
     assert str(err.value).startswith(f"{path}:{line}:"), str(err.value)
     assert words in str(err.value)
+
+
+def test_llamacpps_knobs_are_held_aside_for_its_backend():
+    """A space as loaded is the engine's: llama.cpp's knobs are held for the llamacpp backend (with_runtime), and
+    dropped with the reason by the others (drop_held)."""
+    space = load_space(DEFAULT_SPACE)
+    held = [d.name for d in space.held["llamacpp"]]
+    assert held == ["gguf_type", "flash_attn", "kv_type", "n_batch", "n_ubatch", "n_ctx"]
+    assert not set(held) & {d.name for d in space.dimensions}
+    assert {d.name for d in space.held["llamacpp"] if d.numerics} == {"gguf_type", "flash_attn", "kv_type"}
+    llama = space.with_runtime("llamacpp")
+    assert llama.fixed == {"runtime": "llamacpp"} and not llama.held
+    assert llama.dimension("kv_type").when == {"flash_attn": ("on",)}
+    dropped = space.drop_held("not here")
+    assert not dropped.held and all(dropped.dropped[name] == "dropped: not here" for name in held)
 
 
 def test_missing_space_file_is_a_clear_error(tmp_path):

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from autotune.gate.cache import numerics_versions
 from autotune.host import num_cores
 from autotune.probe.capabilities import Capabilities
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Backend", "restrict_to_cores"]
+__all__ = ["Backend", "restrict_to_cores", "without_llamacpp_knobs"]
 
 
 class Backend(ABC):
@@ -22,6 +23,7 @@ class Backend(ABC):
     - `fingerprint()` describes the hardware and software that produced the figures.
     - `capabilities()` says what the hardware computes natively (autotune/probe/), as adapt_space used it; None
       where nothing was probed.
+    - `gate_versions()` names the software whose kernels decide its gate figures, for the gate cache's key.
     `measured` is False for backends whose figures are predictions (the simulator)."""
 
     name: str = ""
@@ -43,6 +45,9 @@ class Backend(ABC):
     def capabilities(self) -> Capabilities | None:
         return None
 
+    def gate_versions(self) -> dict:
+        return numerics_versions()
+
     def hardware_name(self) -> str:
         """A short, stable name of the hardware class, used in recipe paths."""
         return self.fingerprint()["hardware"]
@@ -60,3 +65,9 @@ def restrict_to_cores(space: SearchSpace, what: str) -> SearchSpace:
         return space
     return space.restrict("device_power", keep or (cores,),
                           f"device_power is {what} and this machine has {cores} cores")
+
+
+def without_llamacpp_knobs(space: SearchSpace) -> SearchSpace:
+    """The space without llama.cpp's own knobs, each recorded as dropped with the reason: a backend that runs
+    autotune's engine has no GGUF file, llama.cpp context or llama.cpp attention kernel to set them on."""
+    return space.drop_held("a knob of llama.cpp (backend llamacpp); this backend runs autotune's own engine")

@@ -3,28 +3,24 @@ configuration's GGUF, runs the accuracy gate on llama.cpp's own logits against t
 benchmarks llama.cpp's continuous batching on the study's workload, in its own process
 (autotune/llamacpp/trial.py). The reference and the speed baselines are transformers', as for the cpu backend.
 
-The space's engine knobs have no llama.cpp meaning and are dropped with their reasons; batch_size is llama.cpp's
-parallel sequences and device_power its threads. llama.cpp's own knobs (GGUF type, n_batch/n_ubatch, flash
-attention, KV cache type, context size) are searched by scripts/bench_peer.py --sweep; in a study they are fixed
-at `LLAMACPP_FIXED` and recorded so, until the configuration type carries them."""
+The space's engine knobs have no llama.cpp meaning and are dropped with their reasons; llama.cpp's own (GGUF type,
+flash attention, KV cache type, n_batch/n_ubatch, context size) are searched, with batch_size as llama.cpp's
+parallel sequences and device_power as its threads. Every trial's configuration is of the llamacpp runtime."""
 from __future__ import annotations
-
-from dataclasses import replace
 
 from autotune.backends.base import Backend, restrict_to_cores
 from autotune.backends.isolated import run_isolated
+from autotune.config.deploy import DeployConfig
 from autotune.host import cpu_fingerprint
-from autotune.llamacpp.build_info import installed
+from autotune.llamacpp.build_info import installed, numerics_versions
 from autotune.llamacpp.config import LlamaCppConfig
+from autotune.llamacpp.trial import GATE_DEVICE
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobKind, JobResult
 
-__all__ = ["LlamaCppBackend", "LLAMACPP_FIXED", "llamacpp_config"]
+__all__ = ["LlamaCppBackend"]
 
 TRIAL_ENTRY = "autotune.llamacpp.trial"
-# What a study's trials run with besides parallel and threads: llama-server's defaults, on the model's own GGUF.
-LLAMACPP_FIXED = LlamaCppConfig(gguf_type="source", n_batch=2048, n_ubatch=512, flash_attn="auto", kv_type="f16",
-                                n_ctx=4096)
 _NOT_LLAMACPP = {
     "dtype": "llama.cpp computes in the GGUF file's types (gguf_type), not in a torch dtype",
     "quant": "llama.cpp's quantization is the GGUF type (gguf_type), made by its own quantizer",
@@ -37,16 +33,8 @@ _NOT_LLAMACPP = {
 }
 
 
-def llamacpp_config(config: dict) -> LlamaCppConfig:
-    """A trial's configuration as llama.cpp knobs: a llama.cpp one as it is; a study's (DeployConfig's keys) with
-    batch_size as parallel sequences and device_power as threads, the rest at LLAMACPP_FIXED."""
-    if "batch_size" not in config:
-        return LlamaCppConfig.from_dict(config)
-    return replace(LLAMACPP_FIXED, parallel=int(config["batch_size"]), threads=int(config.get("device_power", 0)))
-
-
 class LlamaCppBackend(Backend):
-    name = "llamacpp"
+    name = GATE_DEVICE
 
     def unavailable(self) -> str | None:
         if installed() is None:
@@ -59,20 +47,19 @@ class LlamaCppBackend(Backend):
         for name, reason in _NOT_LLAMACPP.items():
             if name in names:
                 space = space.restrict(name, (), reason)
-        space = restrict_to_cores(space, "llama.cpp's thread count")
-        fixed = {k: v for k, v in LLAMACPP_FIXED.to_dict().items() if k not in ("parallel", "threads")}
-        return replace(space, dropped={**space.dropped, "llamacpp": f"fixed in this study: {fixed} (llama.cpp's own "
-                                       "knobs are not yet dimensions of a study; scripts/bench_peer.py --sweep)"})
+        return restrict_to_cores(space.with_runtime("llamacpp"), "llama.cpp's thread count")
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         if job.kind is not JobKind.TRIAL:  # the reference and the speed baselines: transformers', as on the cpu
             return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)
         try:
-            config = llamacpp_config(job.config)
+            LlamaCppConfig.of(DeployConfig.from_dict(job.config))
         except (ValueError, TypeError) as exc:
             return JobResult.error(f"not a llama.cpp configuration: {exc}")
-        llama_job = Job(**{**job.to_dict(), "config": config.to_dict()})
-        return run_isolated(llama_job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=TRIAL_ENTRY)
+        return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=TRIAL_ENTRY)
+
+    def gate_versions(self) -> dict:
+        return numerics_versions()
 
     def fingerprint(self) -> dict:
         """The CPU's, its class prefixed: a llama.cpp recipe never shares a folder (or a digest's file name) with

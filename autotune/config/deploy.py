@@ -6,7 +6,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 __all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES",
-           "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES"]
+           "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES", "RUNTIMES", "LLAMACPP_KNOBS",
+           "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "check_llamacpp_knobs"]
 
 # The storage and compute precision of everything a quantization scheme leaves unquantized: every layer under
 # quant "none", the activations and arithmetic of the weight-only schemes, the kept (fallback) layers, the
@@ -31,14 +32,57 @@ QUANT_METHODS: dict[str, tuple[str, ...]] = {
 FALLBACK_LAYERS = (0, 1, 2, 4, 8)
 FUSION_LEVELS = ("O0", "O1", "O2")
 KV_POLICIES = ("preallocate", "on_demand", "pool")
+# What runs the model: autotune's own engine (torch), or llama.cpp on a GGUF file (the llamacpp backend). Each has
+# knobs the other has no meaning for; batch_size (llama.cpp's parallel sequences) and device_power (its threads)
+# are shared.
+RUNTIMES = ("engine", "llamacpp")
+ENGINE_KNOBS = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph",
+                "page_size", "kv_policy")
+# llama.cpp's own: the GGUF file's type, the most tokens one decode call takes (n_batch) and one compute graph runs
+# (n_ubatch), the attention kernel, the KV cache's type and its size in tokens (0: the model's trained context),
+# shared by the parallel sequences.
+LLAMACPP_KNOBS = ("gguf_type", "n_batch", "n_ubatch", "flash_attn", "kv_type", "n_ctx")
+# "source": the model's own GGUF as shipped (SmolLM2's is Q4_1); the others are made from it once per model with
+# llama.cpp's quantizer (autotune/llamacpp/gguf_files.py) and cached.
+GGUF_TYPES = ("source", "Q4_0", "Q4_K_M", "Q8_0", "F16", "BF16")
+# The KV cache's storage type (K and V alike). A quantized V cache needs flash attention: llama.cpp refuses it
+# otherwise.
+KV_TYPES = ("f16", "q8_0")
+# "auto": llama.cpp turns flash attention on where the device has the kernel (every CPU build has it).
+FLASH_ATTN = ("auto", "on", "off")
 # Only these change what the model computes; the rest change speed and memory. Gate results are keyed by them.
-NUMERICS_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "quant_method", "fallback_layers")
+NUMERICS_KNOBS = ("runtime", "dtype", "quant", "fusion_level", "layers_per_subgraph", "quant_method",
+                  "fallback_layers", "gguf_type", "kv_type", "flash_attn")
+# llama.cpp's knobs as llama-server runs them given only a model, but for a context that holds the study's batch.
+_LLAMACPP_DEFAULTS = {"gguf_type": "source", "n_batch": 2048, "n_ubatch": 512, "flash_attn": "auto", "kv_type": "f16",
+                      "n_ctx": 4096}
+# The engine's knobs as a configuration of llama.cpp carries them: unset.
+_ENGINE_DEFAULTS = {"dtype": "bf16", "quant": "none", "quant_method": "rtn", "fallback_layers": 0, "fusion_level": "O0",
+                    "layers_per_subgraph": None, "page_size": 128, "kv_policy": "on_demand"}
 # Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at these
 # defaults, so that a configuration that does not use them keeps its digest (and its recipe file name) and its gate key.
-_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0, "dtype": "bf16"}
+_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0, "dtype": "bf16", "runtime": "engine",
+                   **_LLAMACPP_DEFAULTS}
 # The scheme names of configurations written before the dtype knob: old name -> (scheme, dtype).
 _LEGACY_SCHEMES = {"bf16": ("none", "bf16")}
 
+
+
+def check_llamacpp_knobs(gguf_type: str, n_batch: int, n_ubatch: int, flash_attn: str, kv_type: str,
+                         n_ctx: int) -> None:
+    """ValueError where llama.cpp would refuse the combination, said in its terms."""
+    if gguf_type not in GGUF_TYPES:
+        raise ValueError(f"gguf_type must be one of {GGUF_TYPES}, not {gguf_type!r}")
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"kv_type must be one of {KV_TYPES}, not {kv_type!r}")
+    if flash_attn not in FLASH_ATTN:
+        raise ValueError(f"flash_attn must be one of {FLASH_ATTN}, not {flash_attn!r}")
+    if kv_type != "f16" and flash_attn == "off":
+        raise ValueError(f"a {kv_type} KV cache needs flash attention (llama.cpp quantizes V only in it)")
+    if n_ctx < 0:
+        raise ValueError(f"n_ctx must be >= 0 (0: the model's trained context), not {n_ctx}")
+    if not 1 <= n_ubatch <= n_batch:
+        raise ValueError(f"need 1 <= n_ubatch <= n_batch, not {n_ubatch}, {n_batch}")
 
 
 def _upgraded(values: dict) -> dict:
@@ -66,6 +110,14 @@ class DeployConfig:
     fallback_layers: int = 0  # the most sensitive decoder linear layers kept in the compute dtype
     # Default bf16: what every configuration computed in before the knob existed, so that old ones read the same.
     dtype: str = "bf16"
+    runtime: str = "engine"  # one of RUNTIMES; the llamacpp backend's configurations are "llamacpp"
+    # llama.cpp's knobs (LLAMACPP_KNOBS), at _LLAMACPP_DEFAULTS unless the runtime is llamacpp.
+    gguf_type: str = "source"
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: str = "auto"
+    kv_type: str = "f16"
+    n_ctx: int = 4096
 
     def __post_init__(self) -> None:
         if self.quant in _LEGACY_SCHEMES:
@@ -95,6 +147,16 @@ class DeployConfig:
             raise ValueError(f"kv_policy must be one of {KV_POLICIES}, not {self.kv_policy!r}")
         if self.device_power < 0:
             raise ValueError(f"device_power must be >= 0, not {self.device_power}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, not {self.runtime!r}")
+        check_llamacpp_knobs(*(getattr(self, k) for k in LLAMACPP_KNOBS))
+        # A knob of the other runtime away from its default would be recorded but never applied.
+        other = LLAMACPP_KNOBS if self.runtime == "engine" else ENGINE_KNOBS
+        defaults = _LLAMACPP_DEFAULTS if self.runtime == "engine" else _ENGINE_DEFAULTS
+        stray = [k for k in other if getattr(self, k) != defaults[k]]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to the "
+                             f"{self.runtime} runtime")
 
     @classmethod
     def from_dict(cls, data: dict) -> DeployConfig:
@@ -120,7 +182,12 @@ class DeployConfig:
         return cls(**values)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The runtime's own knobs and the shared ones: a configuration of the engine reads as it did before
+        llama.cpp's knobs existed, one of llama.cpp carries none of the engine's."""
+        values = asdict(self)
+        if self.runtime == "engine":
+            return {k: v for k, v in values.items() if k not in LLAMACPP_KNOBS and k != "runtime"}
+        return {k: v for k, v in values.items() if k not in ENGINE_KNOBS}
 
     def _keyed(self, names) -> dict:
         out = {k: getattr(self, k) for k in names if _LATER_DEFAULTS.get(k, object()) != getattr(self, k)}
@@ -129,15 +196,18 @@ class DeployConfig:
         return out
 
     def numerics_key(self) -> str:
-        """Stable key of the knobs that change numerics (see NUMERICS_KNOBS)."""
-        return json.dumps(self._keyed(NUMERICS_KNOBS), sort_keys=True)
+        """Stable key of the knobs that change numerics (see NUMERICS_KNOBS), of this configuration's runtime."""
+        other = LLAMACPP_KNOBS if self.runtime == "engine" else ENGINE_KNOBS
+        return json.dumps(self._keyed(k for k in NUMERICS_KNOBS if k not in other), sort_keys=True)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self._keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
 
     def scheme_label(self) -> str:
         """The precision alone ("fp32") for quant none, else the scheme with its method and fallback where they are
-        not the defaults and the precision it computes in: "w4a16+awq+fb2@bf16"."""
+        not the defaults and the precision it computes in: "w4a16+awq+fb2@bf16"; for llama.cpp, the GGUF type."""
+        if self.runtime == "llamacpp":
+            return f"gguf:{self.gguf_type}"
         if self.quant == "none":
             return self.dtype
         method = "" if self.quant_method == "rtn" else f"+{self.quant_method}"
@@ -145,6 +215,9 @@ class DeployConfig:
         return f"{self.quant}{method}{fallback}@{self.dtype}"
 
     def label(self) -> str:
+        if self.runtime == "llamacpp":
+            return (f"llama.cpp {self.gguf_type}/fa={self.flash_attn}/kv={self.kv_type}/np={self.batch_size}"
+                    f"/b={self.n_batch}/ub={self.n_ubatch}/c={self.n_ctx}/t={self.device_power or 'all'}")
         split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"
         return (f"{self.scheme_label()}/{self.fusion_level}{split}/bs={self.batch_size}/page={self.page_size}"
                 f"/{self.kv_policy}/power={self.device_power}")

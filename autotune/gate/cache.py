@@ -53,15 +53,17 @@ def reference_path(model_checksum: str, eval_digest: str) -> Path:
 
 
 def gate_inputs(model_checksum: str, eval_digest: str, config: DeployConfig, *, tie_epsilon: float,
-                min_agreement: float, device: str, threads: int, kept_layers: tuple[str, ...] | None = None) -> dict:
+                min_agreement: float, device: str, threads: int, kept_layers: tuple[str, ...] | None = None,
+                versions: dict | None = None) -> dict:
     """Everything that changes a gate's figures or its verdict: the reference's inputs, the numerics, the verdict's
     settings (the staged stop depends on min_agreement), the device (another device's kernels), the thread count
-    (how a reduction is split), the versions of the engine and of the libraries whose kernels it runs, and for a
-    calibrated build every figure of its calibration and the layers it keeps when they are given rather than
-    ranked."""
+    (how a reduction is split), the versions of the engine and of the libraries whose kernels it runs (`versions`
+    where the runtime is not torch's: llama.cpp's build), and for a calibrated build every figure of its calibration
+    and the layers it keeps when they are given rather than ranked."""
     return {"reference": reference_inputs(model_checksum, eval_digest), "numerics": config.numerics_key(),
             "tie_epsilon": tie_epsilon, "min_agreement": min_agreement, "device": device, "threads": threads,
-            "versions": numerics_versions(), "calibration": calibration_inputs() if needs_plan(config) else None,
+            "versions": numerics_versions() if versions is None else versions,
+            "calibration": calibration_inputs() if needs_plan(config) else None,
             "kept_layers": list(kept_layers) if kept_layers is not None else None}
 
 

@@ -2,11 +2,15 @@
 with (scripts/build_llamacpp.sh writes them to BUILD_INFO beside the tools), and what the library says it uses."""
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+from functools import lru_cache
 from pathlib import Path
 
+from autotune.gate.cache import numerics_versions as torch_numerics_versions
 from autotune.paths import cache_root
 
-__all__ = ["llamacpp_versions", "tools_dir", "installed"]
+__all__ = ["llamacpp_versions", "tools_dir", "installed", "build_id", "numerics_versions"]
 
 
 def installed() -> str | None:
@@ -17,6 +21,28 @@ def installed() -> str | None:
         return version("llama-cpp-python")
     except PackageNotFoundError:
         return None
+
+
+@lru_cache(maxsize=1)
+def build_id() -> str | None:
+    """The installed llama.cpp build's identity: a digest of llama-cpp-python's shared libraries, found without
+    loading them. One version is built with this CPU's instructions or without them (a wheel, a source build, a
+    build by scripts/build_llamacpp.sh), and each build's kernels round differently."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(Path(next(iter(spec.submodule_search_locations))).glob("lib/*.so*")):
+        if path.is_symlink():
+            continue
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def numerics_versions() -> dict[str, str | None]:
+    """What a llama.cpp gate's figures were computed with, for its cache key (autotune/gate/cache.py): the versions
+    a torch gate is keyed by (the reference is computed with them) and llama.cpp's own."""
+    return {**torch_numerics_versions(), "llama_cpp_python": installed(), "llama_cpp_build": build_id()}
 
 
 def tools_dir(version: str | None = None) -> Path:

@@ -5,15 +5,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["LlamaCppConfig", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "SERVER_DEFAULTS"]
+from autotune.config.deploy import LLAMACPP_KNOBS, DeployConfig, check_llamacpp_knobs
 
-# "source": the model's own GGUF as shipped (SmolLM2's is Q4_1); the others are made from it once per model with
-# llama.cpp's quantizer (autotune/llamacpp/gguf_files.py) and cached.
-GGUF_TYPES = ("source", "Q4_0", "Q4_K_M", "Q8_0", "F16", "BF16")
-# The KV cache's storage type (K and V alike). A quantized V cache needs flash attention (llama.cpp refuses it
-# otherwise), which the search space says with a `when`.
-KV_TYPES = ("f16", "q8_0")
-FLASH_ATTN = ("on", "off", "auto")
+__all__ = ["LlamaCppConfig", "SERVER_DEFAULTS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,18 +27,23 @@ class LlamaCppConfig:
     n_ctx: int = 4096
 
     def __post_init__(self) -> None:
-        if self.gguf_type not in GGUF_TYPES:
-            raise ValueError(f"gguf_type must be one of {GGUF_TYPES}, not {self.gguf_type!r}")
-        if self.kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {KV_TYPES}, not {self.kv_type!r}")
-        if self.flash_attn not in FLASH_ATTN:
-            raise ValueError(f"flash_attn must be one of {FLASH_ATTN}, not {self.flash_attn!r}")
-        if self.kv_type != "f16" and self.flash_attn == "off":
-            raise ValueError(f"a {self.kv_type} KV cache needs flash attention (llama.cpp quantizes V only in it)")
-        if self.threads < 0 or self.parallel < 1 or self.n_ctx < 0:
-            raise ValueError("threads and n_ctx must be >= 0, parallel >= 1")
-        if not 1 <= self.n_ubatch <= self.n_batch:
-            raise ValueError(f"need 1 <= n_ubatch <= n_batch, not {self.n_ubatch}, {self.n_batch}")
+        check_llamacpp_knobs(*(getattr(self, k) for k in LLAMACPP_KNOBS))
+        if self.threads < 0 or self.parallel < 1:
+            raise ValueError("threads must be >= 0, parallel >= 1")
+
+    @classmethod
+    def of(cls, config: DeployConfig) -> LlamaCppConfig:
+        """A study's configuration (runtime llamacpp) in llama.cpp's terms: batch_size is the parallel sequences,
+        device_power the threads."""
+        if config.runtime != "llamacpp":
+            raise ValueError(f"{config.label()} is a configuration of the {config.runtime} runtime, not of llama.cpp")
+        return cls(threads=config.device_power, parallel=config.batch_size,
+                   **{k: getattr(config, k) for k in LLAMACPP_KNOBS})
+
+    def deploy(self) -> DeployConfig:
+        """The same knobs as a study's configuration (of() inverted)."""
+        return DeployConfig(runtime="llamacpp", batch_size=self.parallel, device_power=self.threads,
+                            **{k: getattr(self, k) for k in LLAMACPP_KNOBS})
 
     @classmethod
     def from_dict(cls, data: dict) -> LlamaCppConfig:
@@ -56,11 +55,6 @@ class LlamaCppConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def numerics_key(self) -> dict:
-        """What changes the logits: the weights' type, the KV cache's type and the attention kernel. Threads and
-        batch sizes only split the same sums differently (llama.cpp reduces each dot product in one thread)."""
-        return {"gguf_type": self.gguf_type, "kv_type": self.kv_type, "flash_attn": self.flash_attn}
 
     def label(self) -> str:
         return (f"{self.gguf_type}/fa={self.flash_attn}/kv={self.kv_type}/np={self.parallel}/b={self.n_batch}"

@@ -9,14 +9,16 @@ import time
 
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.benchmark.policy import RunPolicy
+from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
-from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows
+from autotune.gate.cache import gate_inputs, gate_key, store_gate
+from autotune.gate.corpus import bench_prompts, decode_prompts, eval_set_digest, eval_windows
 from autotune.gate.reference import cached_reference
 from autotune.gate.result import GateResult
 from autotune.host import num_cores
 from autotune.llamacpp.bench import benchmark_llamacpp
-from autotune.llamacpp.build_info import llamacpp_versions
+from autotune.llamacpp.build_info import llamacpp_versions, numerics_versions
 from autotune.llamacpp.config import LlamaCppConfig
 from autotune.llamacpp.engine import LlamaCppModel
 from autotune.llamacpp.gate import llamacpp_decode_check, llamacpp_gate
@@ -27,12 +29,16 @@ from autotune.progress import log
 from autotune.trial.child import Envelope, run_child
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
-__all__ = ["run_llamacpp_trial", "main"]
+__all__ = ["run_llamacpp_trial", "main", "GATE_DEVICE"]
+
+# The device a llama.cpp gate is keyed under in the gate cache (and the backend's name).
+GATE_DEVICE = "llamacpp"
 
 
 def run_llamacpp_trial(job: Job) -> JobResult:
-    """Build, gate, benchmark. Expected failures (AutotuneError: a type llama.cpp cannot make, a context that
-    cannot be made, no KV room) come back as an ERROR result with the reason."""
+    """Build, gate, benchmark. `job.config` is a DeployConfig of the llamacpp runtime. Expected failures
+    (AutotuneError: a type llama.cpp cannot make, a context that cannot be made, no KV room) come back as an ERROR
+    result with the reason."""
     if job.kind is not JobKind.TRIAL:
         return JobResult.error(f"the llama.cpp trial runs trials, not {job.kind.value!r} jobs")
     try:
@@ -42,9 +48,16 @@ def run_llamacpp_trial(job: Job) -> JobResult:
 
 
 def _trial(job: Job) -> JobResult:
-    config = LlamaCppConfig.from_dict(job.config)
+    deploy = DeployConfig.from_dict(job.config)
+    config = LlamaCppConfig.of(deploy)
     threads = config.threads or num_cores()
     workload = Workload(**job.workload)
+    held = min(config.parallel, workload.num_requests)
+    if config.n_ctx and held * workload.max_seq_len > config.n_ctx:
+        # Known before anything is loaded: the gate's minutes are not spent on a context the benchmark cannot use.
+        return JobResult(Status.INFEASIBLE, reason=f"n_ctx {config.n_ctx} cannot hold {held} sequences of up to "
+                         f"{workload.max_seq_len} tokens (the workload's): it needs n_ctx >= "
+                         f"{held * workload.max_seq_len}")
     spec = resolve_model(job.model)
     tokenizer = load_tokenizer(spec)
     checksum = model_checksum(spec)
@@ -72,6 +85,11 @@ def _trial(job: Job) -> JobResult:
             else:
                 gate = llamacpp_gate(ctx, reference, eval_windows(tokenizer, job.eval_positions), prompts,
                                      tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement).to_dict()
+                # Keyed as the study looks it up (autotune/study/loop.py), with llama.cpp's build for the versions.
+                store_gate(gate_key(gate_inputs(checksum, eval_set_digest(job.eval_positions), deploy,
+                                                tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
+                                                device=GATE_DEVICE, threads=job.threads,
+                                                versions=numerics_versions())), gate)
         finally:
             ctx.close()
         timing["gate_s"] = gate["seconds"] = time.perf_counter() - t0

@@ -137,6 +137,9 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     }
     if recipe["quantization"] is None:
         del recipe["quantization"]
+    if trial.user_attrs.get("what") and recipe["configuration"].get("runtime") == "llamacpp":
+        # What `autotune serve` runs for it (autotune/serve/llama_server.py), and what serves it without autotune.
+        recipe["deploy"]["llama_server"] = trial.user_attrs["what"]
     return recipe
 
 

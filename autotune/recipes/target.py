@@ -14,7 +14,10 @@ from autotune.errors import BackendUnavailable, UserInputError
 from autotune.recipes.recipe import Recipe
 from autotune.sim.hardware import read_profile_data
 
-__all__ = ["Target", "Placement", "recipe_target", "backend_missing", "place"]
+__all__ = ["Target", "Placement", "recipe_target", "backend_missing", "place", "THREADS_BACKENDS"]
+
+# The backends whose device_power is a thread count on this machine's CPU.
+THREADS_BACKENDS = ("cpu", "llamacpp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +41,7 @@ def recipe_target(recipe: Recipe) -> Target:
     hardware = str((data.get("hardware") or {}).get("hardware") or "unknown hardware")
     if not recipe.simulated:
         backend = data["backend"]
-        return Target(backend, hardware, False, "threads" if backend == "cpu" else "none")
+        return Target(backend, hardware, False, "threads" if backend in THREADS_BACKENDS else "none")
     try:
         profile = read_profile_data(hardware)
     except UserInputError:
@@ -87,5 +90,5 @@ def place(recipe: Recipe, missing: Callable[[str], str | None] | None = None) ->
                                  f"use it where {target.backend} is, or search and export a recipe for this machine")
     assert backend is not None
     power = recipe.config.device_power
-    threads = power if power and backend == "cpu" and target.power_kind == "threads" else None
+    threads = power if power and backend in THREADS_BACKENDS and target.power_kind == "threads" else None
     return Placement(backend, target, threads, why)

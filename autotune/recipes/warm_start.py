@@ -22,9 +22,12 @@ def _params(config: dict, space: SearchSpace) -> dict | None:
     """The recipe's configuration as this space's parameters (by Optuna's names, see SearchSpace.trial_params);
     None when the space cannot express it. Knobs a recipe predates take their defaults."""
     try:
-        config = DeployConfig.from_dict(config).to_dict()
+        deploy = DeployConfig.from_dict(config)
     except (TypeError, ValueError):
         return None
+    if deploy.runtime != space.fixed.get("runtime", "engine"):
+        return None  # another runtime's recipe: llama.cpp's knobs mean nothing to the engine, and the other way
+    config = deploy.to_dict()
     params: dict = {}
     for dim in space.dimensions:
         if not dim.applies(params):

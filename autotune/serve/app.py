@@ -21,6 +21,7 @@ from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
 from autotune.serve.api import ServingApp
 from autotune.serve.engine_loop import EngineLoop
+from autotune.serve.llama_server import serve_with_llama_server
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import Limits
 from autotune.serve.server import ServingServer
@@ -57,6 +58,9 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
                              f"recipe was made for ({recipe.data['model']['checksum']}); pass --force to serve anyway")
     config = recipe.config
+    if config.runtime != "engine":
+        raise UserInputError(f"{recipe.path} is a {config.runtime} recipe: `autotune serve` runs it with "
+                             "llama-server, not with autotune's engine")
     if where.threads:
         torch.set_num_threads(where.threads)
     # The CPU path of the engine does not go through a Device (autotune/devices/base.py); accelerators do.
@@ -108,6 +112,9 @@ def _raise_interrupt() -> None:
 
 
 def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False) -> int:
+    if recipe.config.runtime == "llamacpp":
+        placement(recipe, draft)  # llama-cpp-python missing here: refused in one line, as for any backend
+        return serve_with_llama_server(recipe, host, port, force)
     # One tokenizer call at a time per request: a Rust thread pool of its own would only take CPU from the engine.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if host not in LOOPBACK:

@@ -9,8 +9,12 @@ import yaml
 
 from autotune.config.deploy import (
     DTYPES,
+    FLASH_ATTN,
     FUSION_LEVELS,
+    GGUF_TYPES,
     KV_POLICIES,
+    KV_TYPES,
+    LLAMACPP_KNOBS,
     NUMERICS_KNOBS,
     QUANT_METHODS,
     QUANT_SCHEMES,
@@ -22,7 +26,8 @@ __all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_S
 
 DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
 _KNOWN = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size",
-          "page_size", "kv_policy", "device_power")
+          "page_size", "kv_policy", "device_power", "gguf_type", "flash_attn", "kv_type", "n_batch", "n_ubatch",
+          "n_ctx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,12 @@ class SearchSpace:
     speed_baselines: tuple[SpeedBaseline, ...] = _DEFAULT_BASELINES
     # Values the device runs only through a slow kernel ("w8a16@fp32" -> why): kept, but the guide tries them last.
     ordered_last: dict[str, str] = field(default_factory=dict)
+    # Configuration values the backend sets that are no dimension ({"runtime": "llamacpp"}): part of every trial's.
+    fixed: dict[str, Any] = field(default_factory=dict)
+    # Dimensions of another runtime than the engine, by runtime ({"llamacpp": (gguf_type, ...)}): held aside, so that
+    # a space as loaded is the engine's; a backend of that runtime takes them in (with_runtime), the others drop
+    # them with their reason (drop_held).
+    held: dict[str, tuple[Dimension, ...]] = field(default_factory=dict)
 
     def dimension(self, name: str) -> Dimension:
         return next(d for d in self.dimensions if d.name == name)
@@ -116,8 +127,9 @@ class SearchSpace:
             params[dim.name] = max(values) if value == "max" else values[0] if value == "fastest" else value
         return params
 
-    def to_config(self, params: dict[str, Any], fixed: dict[str, Any] | None = None) -> DeployConfig:
-        return DeployConfig.from_params({**(fixed or {}), **params})
+    def to_config(self, params: dict[str, Any]) -> DeployConfig:
+        """A trial's configuration: its parameters and what the backend fixed."""
+        return DeployConfig.from_params({**self.fixed, **params})
 
     def restrict(self, name: str, keep: tuple[Any, ...], reason: str) -> SearchSpace:
         """A copy with `name` limited to `keep`; with nothing kept the dimension is dropped. The reason is recorded."""
@@ -139,6 +151,18 @@ class SearchSpace:
         values = tuple(v for v in order if v in dim.values) + tuple(v for v in dim.values if v not in order)
         return replace(self, dimensions=tuple(replace(d, values=values) if d.name == name else d
                                               for d in self.dimensions))
+
+    def with_runtime(self, runtime: str) -> SearchSpace:
+        """The space of another runtime: its held dimensions searched, every trial's configuration of that runtime.
+        The engine's own dimensions are the backend's to drop first, each with its reason."""
+        return replace(self, dimensions=self.dimensions + self.held.get(runtime, ()),
+                       held={k: v for k, v in self.held.items() if k != runtime},
+                       fixed={**self.fixed, "runtime": runtime})
+
+    def drop_held(self, reason: str) -> SearchSpace:
+        """The space without the dimensions held for other runtimes, each recorded as dropped with `reason`."""
+        dropped = {d.name: f"dropped: {reason}" for dims in self.held.values() for d in dims}
+        return replace(self, held={}, dropped={**self.dropped, **dropped})
 
     def note_ordered_last(self, slow: dict[str, str]) -> SearchSpace:
         return replace(self, ordered_last={**self.ordered_last, **slow})
@@ -225,6 +249,12 @@ _VALID = {
     "device_power": _positive_int,
     "fallback_layers": lambda v: type(v) is int and v >= 0,  # the default space's are FALLBACK_LAYERS
     "quant_method": lambda v: any(v in methods for methods in QUANT_METHODS.values()),
+    "gguf_type": lambda v: v in GGUF_TYPES,
+    "flash_attn": lambda v: v in FLASH_ATTN,
+    "kv_type": lambda v: v in KV_TYPES,
+    "n_batch": _positive_int,
+    "n_ubatch": _positive_int,
+    "n_ctx": lambda v: type(v) is int and v >= 0,
 }
 # Knobs that may be given per value of another (`by`), and which values are meaningful for which.
 _VALID_BY = {"quant_method": lambda scheme, v: v in QUANT_METHODS.get(scheme, ())}
@@ -277,7 +307,9 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
                 raise _fail(path, spec["values"], "quant: 'bf16' is now 'none', with the precision in a dimension "
                             "of its own: `dtype: {values: [bf16]}`")
             if not _VALID[name](v):
-                raise _fail(path, spec["values"], f"{name}: {v!r} is not a valid value")
+                # YAML reads a bare on/off as a boolean.
+                hint = " (quote it: \"on\", \"off\")" if isinstance(v, bool) else ""
+                raise _fail(path, spec["values"], f"{name}: {v!r} is not a valid value{hint}")
         numerics = name in NUMERICS_KNOBS
         if "numerics" in spec and yaml.safe_load(yaml.serialize(spec["numerics"])) != numerics:
             raise _fail(path, spec["numerics"], f"{name}: numerics is {numerics} for this knob, by what it does")
@@ -292,6 +324,7 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
     if "layers_per_subgraph" in names and "fusion_level" in names and not dims[
             [d.name for d in dims].index("layers_per_subgraph")].when:
         raise _fail(path, top["dimensions"], "layers_per_subgraph needs `when: {fusion_level: [O1, O2]}`")
+    _check_llamacpp_pairs(path, top["dimensions"], {d.name: d for d in dims})
     baseline: dict[str, Any] = {}
     if "baseline" in top:
         for name, node in _mapping(path, top["baseline"], "baseline").items():
@@ -302,7 +335,22 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
                 raise _fail(path, node, f"baseline {name}={value!r} is not among that dimension's values")
             baseline[name] = value
     speed = _speed_baselines(path, top["speed_baselines"]) if "speed_baselines" in top else _DEFAULT_BASELINES
-    return SearchSpace(tuple(dims), baseline, source=path, speed_baselines=speed)
+    held = tuple(d for d in dims if d.name in LLAMACPP_KNOBS)
+    return SearchSpace(tuple(d for d in dims if d.name not in LLAMACPP_KNOBS), baseline, source=path,
+                       speed_baselines=speed, held={"llamacpp": held} if held else {})
+
+
+def _check_llamacpp_pairs(path: str, node: yaml.Node, dims: dict[str, Dimension]) -> None:
+    """llama.cpp's pairs that would make configurations it refuses: an n_ubatch above an n_batch, a quantized KV
+    cache without flash attention. Said at load, not as failed trials."""
+    if "n_batch" in dims and "n_ubatch" in dims and max(dims["n_ubatch"].values) > min(dims["n_batch"].values):
+        raise _fail(path, _key(node, "n_ubatch"), f"n_ubatch {max(dims['n_ubatch'].values)} is above n_batch "
+                    f"{min(dims['n_batch'].values)}: llama.cpp needs n_ubatch <= n_batch in every configuration")
+    kv = dims.get("kv_type")
+    if kv is not None and any(v != "f16" for v in kv.values) and "off" in kv.when.get(
+            "flash_attn", dims["flash_attn"].values if "flash_attn" in dims else ()):
+        raise _fail(path, _key(node, "kv_type"), "kv_type: a quantized KV cache needs flash attention: give it "
+                    "`when: {flash_attn: [\"on\"]}`")
 
 
 def _speed_baselines(path: str, node: yaml.Node) -> tuple[SpeedBaseline, ...]:

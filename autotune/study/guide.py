@@ -123,7 +123,7 @@ class Guide:
         candidates: dict[tuple, tuple[dict, dict]] = {}
         last: dict[tuple, tuple[dict, dict]] = {}  # schemes the device runs only through a slow kernel
         for params in self.grid:
-            config = DeployConfig.from_params(params)
+            config = self.space.to_config(params)
             scheme = (config.quant, config.dtype)
             if scheme in failing_eager or config.numerics_key() in failing:
                 continue
@@ -134,7 +134,7 @@ class Guide:
             elif config.fusion_level != "O0":
                 # Learn the scheme's accuracy eagerly first: the same deployment at O0.
                 params = {k: v for k, v in params.items() if k != "layers_per_subgraph"} | {"fusion_level": "O0"}
-            config = DeployConfig.from_params(params)
+            config = self.space.to_config(params)
             key = _key(self.space.trial_params(params))
             if key in tried or key in candidates or key in last or (fits is not None and not fits(config)):
                 continue

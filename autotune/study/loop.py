@@ -63,8 +63,9 @@ def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> op
     return None
 
 
+# "what": the command line that serves a llama.cpp trial's configuration (llama-server's), for its recipe.
 _STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source", "profile",
-           "compile_cache", "timing", "quant")
+           "compile_cache", "timing", "quant", "what")
 
 
 def _store_calibration(study: optuna.Study, quant: dict | None) -> None:
@@ -159,7 +160,7 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
     # failure ends the trial here, and a pass has the decode check run again in the trial.
     cached_gate = load_gate(gate_key(gate_inputs(checksum, digest, config, tie_epsilon=settings.tie_epsilon,
                                                  min_agreement=settings.min_agreement, device=backend.name,
-                                                 threads=config.device_power)))
+                                                 threads=config.device_power, versions=backend.gate_versions())))
     if cached_gate is not None and not GateResult.from_dict(cached_gate).windows_passed:
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
     job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate,
@@ -289,7 +290,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
         with heartbeat(study, trial):
             try:
                 params = space.suggest(trial)
-                config = DeployConfig.from_params(params)
+                config = space.to_config(params)
                 skipped = False
                 if cost is not None and ran and _over_budget(study, trial, config, cost(config), left):
                     if _enqueued(study, trial):

@@ -68,6 +68,15 @@ def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backen
     enqueue_baseline(study, space)
 
 
+def _log_dropped(space: SearchSpace) -> None:
+    """What the backend dropped, one line per reason (llama.cpp's six knobs share one)."""
+    names_by_note: dict[str, list[str]] = {}
+    for name, note in space.dropped.items():
+        names_by_note.setdefault(note, []).append(name)
+    for note, names in names_by_note.items():
+        log(f"space: {', '.join(names)} {note}")
+
+
 def _prepare_measured(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,
                       space: SearchSpace) -> None:
     log(f"model {spec.name}: locating weights")
@@ -87,8 +96,7 @@ def _prepare_measured(study: optuna.Study, settings: SearchSettings, backend: Ba
         attrs["capabilities"] = caps.to_dict()
     for key, value in attrs.items():
         study.set_user_attr(key, value)
-    for name, note in space.dropped.items():
-        log(f"space: {name} {note}")
+    _log_dropped(space)
     for label, why in space.ordered_last.items():
         log(f"space: {label} kept, ordered last by the guide: {why}")
     common: dict[str, Any] = dict(model=settings.model, workload=settings.workload.to_dict(), repeats=settings.repeats)
@@ -123,8 +131,7 @@ def _prepare_simulated(study: optuna.Study, settings: SearchSettings, backend: B
         study.set_user_attr(key, value)
     log(f"SIMULATED study on {profile.label} ({profile.calibration_source}): figures are "
         f"predictions, the accuracy gate is not measured")
-    for name, note in space.dropped.items():
-        log(f"space: {name} {note}")
+    _log_dropped(space)
     baseline = DeployConfig(dtype=profile.fastest_precision, quant="none", fusion_level="O0", batch_size=8)
     result = predict(spec, baseline, settings.workload, profile)
     study.set_user_attr("speed_baseline", {
