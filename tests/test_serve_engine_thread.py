@@ -93,3 +93,35 @@ def test_a_burst_that_finds_the_engine_idle_is_prefilled_as_one(tmp_path, decide
     finally:
         engine_loop.stop()
     assert forwards == [4], forwards
+
+
+def test_an_event_loops_requests_get_one_wake_up_per_engine_step(tmp_path, decided_model_folder):
+    """Requests submitted with `post` (an event loop's call_soon_threadsafe) have all of a step's events handed over
+    in one call, each request's in order; without it, one call per request per step."""
+    server = build_server(load_recipe(tiny_recipe(tmp_path, decided_model_folder, batch_size=4)), "127.0.0.1", 0)
+    engine_loop = server.app.engine_loop
+    posts: list[int] = []
+    events: dict[int, list] = {i: [] for i in range(4)}
+    done = threading.Semaphore(0)
+
+    def post(deliver_all, batch):  # what the engine thread calls; here the events are delivered on that thread
+        posts.append(len(batch))
+        deliver_all(batch)
+
+    def deliver(i):
+        return lambda event: events[i].append(event) or (event[0] in ("done", "error") and done.release())
+
+    try:
+        steps_before = engine_loop.steps
+        for i in range(4):
+            engine_loop.submit(Request([5, 6, 7, 8], 6, min_new_tokens=6), deliver(i), post=post)
+        for _ in range(4):
+            assert done.acquire(timeout=60)
+        steps = engine_loop.steps - steps_before
+    finally:
+        engine_loop.stop()
+    for i in range(4):
+        assert [e[0] for e in events[i]][-1] == "done"
+        assert sum(len(v) for k, v in events[i] if k == "tokens") == 6
+    # One call per step that had events (a step's 4 requests together), never one per request.
+    assert len(posts) <= steps and sum(posts) == sum(len(e) for e in events.values()) and max(posts) >= 4

@@ -182,12 +182,10 @@ def create_app(serving: ServingApp) -> FastAPI:
         events: asyncio.Queue[Event] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
-        def deliver(event: Event) -> None:  # on the engine thread
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
         try:
             params = parse(await _body(request, serving.limits))
-            handle = engine_loop.submit(serving.request(params), deliver)
+            # Events are put on the queue on this loop's thread, all of an engine step's in one wake-up.
+            handle = engine_loop.submit(serving.request(params), events.put_nowait, post=loop.call_soon_threadsafe)
         except ApiError as exc:
             return _error(exc)
         except Overloaded as exc:

@@ -51,11 +51,14 @@ Event = tuple[str, object]
 
 @dataclass(slots=True)
 class Handle:
-    """One request in flight. `deliver` is called on the engine thread with each of its events, in order."""
+    """One request in flight. `deliver` is called with each of its events, in order: on the engine thread, or,
+    where the request came with `post` (an event loop's call_soon_threadsafe), on the thread `post` runs it on, all
+    the step's events of that `post` in one call."""
 
     request: Request
     arrival: float
     deliver: Callable[[Event], None]
+    post: Callable[..., object] | None = None
     completion: Completion | None = None
     cancel_reason: str | None = None
     sent: int = 0
@@ -123,8 +126,14 @@ class EngineLoop:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
-    def submit(self, request: Request, deliver: Callable[[Event], None]) -> Handle:
-        """Queue `request`; its events go to `deliver`, called on the engine thread (it must not block)."""
+    def submit(self, request: Request, deliver: Callable[[Event], None],
+               post: Callable[..., object] | None = None) -> Handle:
+        """Queue `request`; its events go to `deliver`, called on the engine thread (it must not block), or through
+        `post` (Handle).
+
+        `post` is for an asyncio loop's requests: one wake-up of its thread per engine step for all of them, not
+        one per request. On a machine whose cores all run the step's OpenMP workers, each wake-up of another thread
+        preempts a worker in the middle of a parallel region and the whole step waits for it."""
         if self._stop.is_set():
             raise ServingStopped("the server is shutting down")
         with self._lock:
@@ -132,7 +141,7 @@ class EngineLoop:
                 raise Overloaded(f"{self._in_system} requests in flight (batch {self.batch_size} + queue "
                                  f"{self.max_queue}): retry later")
             self._in_system += 1
-        handle = Handle(request, time.perf_counter(), deliver)
+        handle = Handle(request, time.perf_counter(), deliver, post)
         self._inbox.put(handle)
         return handle
 
@@ -182,6 +191,7 @@ class EngineLoop:
 
     def _publish(self) -> None:
         still = []
+        outbox = _Outbox()
         for h in self._live:
             c = h.completion
             assert c is not None
@@ -189,13 +199,14 @@ class EngineLoop:
             if n > h.sent:
                 if h.sent == 0:
                     h.admitted_at = c.token_times[0]
-                _send(h, ("tokens", c.output_ids[h.sent:n]))
+                outbox.add(h, ("tokens", c.output_ids[h.sent:n]))
                 h.sent = n
             if c.finish_reason:
-                _send(h, ("done", c.finish_reason))
+                outbox.add(h, ("done", c.finish_reason))
                 self._leave()
             else:
                 still.append(h)
+        outbox.send()
         self._live = still
         cache = self._runner.cache
         self.gauges = {"queue_depth": self._inbox.qsize() + self._runner.num_waiting,
@@ -213,13 +224,43 @@ class EngineLoop:
                 failed.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
+        outbox = _Outbox()
         for h in failed:
-            _send(h, ("error", message))
+            outbox.add(h, ("error", message))
             self._leave()
+        outbox.send()
         self._live = []
         if not self._stop.is_set():
             # The runner's state is unknown after a failed step: start over with a fresh cache.
             self._runner = self._new_runner()
+
+
+class _Outbox:
+    """One step's events, sent in order per request: the direct ones at once, the posted ones in one call per
+    `post` (Handle)."""
+
+    def __init__(self) -> None:
+        self.posted: dict[int, tuple[Callable[..., object], list[tuple[Handle, Event]]]] = {}
+
+    def add(self, handle: Handle, event: Event) -> None:
+        if handle.post is None:
+            _send(handle, event)
+        else:
+            self.posted.setdefault(id(handle.post), (handle.post, []))[1].append((handle, event))
+
+    def send(self) -> None:
+        for post, events in self.posted.values():
+            try:
+                post(_deliver_all, events)
+            except RuntimeError:
+                # The receiving event loop is closed (the HTTP server stopped first): nobody waits for these.
+                for handle, _ in events:
+                    handle.cancel("cancelled")
+
+
+def _deliver_all(events: list[tuple[Handle, Event]]) -> None:
+    for handle, event in events:
+        handle.deliver(event)
 
 
 def _send(handle: Handle, event: Event) -> None:
