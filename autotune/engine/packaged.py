@@ -137,7 +137,8 @@ class PackagedGraphs:
         dims = [{d: Dim.AUTO for d in dynamic.get(leaf_name, ()) if leaf.shape[d] >= 2}
                 for leaf_name, leaf in zip(_leaf_names(args), leaves)]
         dynamic_shapes = pytree.tree_unflatten(dims, pytree.tree_flatten(args)[1])
-        # Traced outside inference mode (export refuses inference tensors' version counters), without autograd.
+        # The step runs under inference_mode; export traces outside it, without autograd, on copies of its inference
+        # tensors (whether export takes them as they are was not tried; the copies cost one step's inputs, once).
         with torch.inference_mode(False), torch.no_grad():
             program = torch.export.export(module, _clone_inference(args), dynamic_shapes=dynamic_shapes,
                                           strict=False)
