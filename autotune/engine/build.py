@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -9,6 +10,7 @@ from torch import nn
 from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.engine.calibrated import QuantPlan, quantize_layers
 from autotune.engine.model import EngineModel
+from autotune.engine.packaged import PackagedGraphs, package_graphs
 from autotune.engine.prepacked import prepack_available, prepack_linears
 from autotune.engine.quant import decoder_linear
 from autotune.engine.runner import Runner, batch_buckets
@@ -28,12 +30,15 @@ class Engine:
     """A built model plus how to serve it: `runner()` gives a continuous-batching runner with a fresh cache."""
 
     def __init__(self, model: EngineModel, config: DeployConfig, build_seconds: float,
-                 quantization: dict | None = None, spilled: SpilledParameters | None = None) -> None:
+                 quantization: dict | None = None, spilled: SpilledParameters | None = None,
+                 packaged: PackagedGraphs | None = None) -> None:
         self.model, self.config, self.build_seconds = model, config, build_seconds
         # What the quantize step did: decoder linear layers, how many were converted, which were kept.
         self.quantization = quantization or {}
         # O2 on the CPU: the eager weights, out of memory once frozen into the graphs (engine/spill.py).
         self.spilled = spilled
+        # O2 on the CPU built with a package folder: its graphs, as AOTInductor packages (engine/packaged.py).
+        self.packaged = packaged
 
     @property
     def compiled(self) -> bool:
@@ -98,12 +103,15 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, device,
     return model, coverage
 
 
-def build_engine(hf_model: nn.Module, config: DeployConfig, device=None, plan: QuantPlan | None = None) -> Engine:
+def build_engine(hf_model: nn.Module, config: DeployConfig, device=None, plan: QuantPlan | None = None,
+                 packages: Path | None = None) -> Engine:
     """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. The engine computes in `config.dtype`.
     `device`: an accelerator's Device (autotune/devices/base.py); None builds for this process's CPU, as before.
     `plan`: what the configuration's quant_method and fallback_layers need from the calibration set
     (autotune/quant: quant_plan); None for round-to-nearest without fallback. A scheme that converts fewer layers
-    than it claims fails (TrialFailure)."""
+    than it claims fails (TrialFailure).
+    `packages`: a folder for O2's graphs on the CPU as AOTInductor packages (engine/packaged.py), which a later
+    build with the same folder loads instead of compiling; None compiles with torch.compile, as trials do."""
     started = time.perf_counter()
     if device is not None:
         model, coverage = _build_on_device(hf_model, config, device, plan)
@@ -113,8 +121,14 @@ def build_engine(hf_model: nn.Module, config: DeployConfig, device=None, plan: Q
     if config.quant == "none" and config.dtype == "fp32" and config.fusion_level == "O0" and prepack_available():
         coverage["prepacked"] = prepack_linears(model, decoder_linear, config.batch_size)
     mode = COMPILE_MODES[config.fusion_level]
-    if mode is not None:
+    packaged = None
+    if mode == "freezing" and packages is not None:
+        _compile_settings(model, config, mode)
+        packaged = package_graphs(model, packages)
+    elif mode is not None:
         _compile_segments(model, config, mode)
     # Frozen graphs carry their own copies of the weights; the eager ones are read again only to compile.
     spilled = spill_parameters(model) if mode == "freezing" else None
-    return Engine(model, config, time.perf_counter() - started, coverage, spilled)
+    if packaged is not None and spilled is not None:
+        packaged.after_compile = spilled.drop  # export does not go through dynamo's end-of-compile callback
+    return Engine(model, config, time.perf_counter() - started, coverage, spilled, packaged)

@@ -50,9 +50,10 @@ def placement(recipe: Recipe, draft: bool) -> Placement:
     return where
 
 
-def engine_for(recipe: Recipe, where: Placement, check_weights: bool):
+def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: Path | None = None):
     """The recipe's engine as the server builds it (threads, quantization plan, fusion level), its tokenizer and the
-    context it serves; the fp32 model it was built from is freed."""
+    context it serves; the fp32 model it was built from is freed. `packages`: where O2's graphs on the CPU are kept
+    as AOTInductor packages (serve/startup_cache.py StartupCache.packages)."""
     spec = resolve_model(recipe.model)
     if check_weights and recipe.data["model"]["checksum"] != model_checksum(spec):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
@@ -68,7 +69,7 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool):
     hf, tokenizer = load_hf_model(spec, "float32"), load_tokenizer(spec)
     max_seq_len = min(recipe.max_seq_len, hf.config.max_position_embeddings)
     engine = build_engine(hf, config, device=device,
-                          plan=quant_plan(hf, spec, tokenizer, config, recipe.kept_layers))
+                          plan=quant_plan(hf, spec, tokenizer, config, recipe.kept_layers), packages=packages)
     del hf
     trim_heap()  # the fp32 model's pages back to the OS, not kept in the heap for the server's lifetime
     return engine, tokenizer, max_seq_len
@@ -84,7 +85,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
     startup = StartupCache.for_recipe(recipe, where.backend)  # this recipe's graphs, compiled by its last start
     startup.load()
-    engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force)
+    engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force, packages=startup.packages())
     engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     started = time.perf_counter()
     if engine_here:
@@ -93,6 +94,8 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
         engine_loop.start()
     log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
     startup.save()
+    if engine.packaged is not None:
+        startup.report_packages(engine.packaged)
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,

@@ -11,7 +11,10 @@ The bundle holds the compiled graphs, not the C++ kernels they call: those stay 
 
 Frozen graphs are not cacheable this way: inductor bypasses its FX graph cache for a graph that holds weights
 prepacked for oneDNN (it says "mkldnn tensors unpickleable"; O2 on the CPU prepacks every linear layer), and AOT
-autograd's cache refuses freezing outright. Their bypasses are counted during the start and said in the log."""
+autograd's cache refuses freezing outright. Their bypasses are counted during the start and said in the log. So O2
+on the CPU is served from AOTInductor packages instead (engine/packaged.py), kept in the `o2` folder of the same
+bundle under the same key (`packages()`): a folder made under another key is emptied, with the reason in the log.
+An accelerator's O2 goes through its Device's compiler, and keeps torch's artifacts as O1 does."""
 from __future__ import annotations
 
 import hashlib
@@ -33,6 +36,7 @@ from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
 __all__ = ["StartupCache", "startup_key"]
 
 ARTIFACTS, META = "artifacts.bin", "meta.json"
+PACKAGES = "o2"
 _ENGINE = Path(__file__).resolve().parent.parent / "engine"
 
 
@@ -89,16 +93,54 @@ _BYPASSES = _Bypasses()
 class StartupCache:
     """One recipe's bundle: `load()` before building the engine, `save()` once it is warm."""
 
-    def __init__(self, folder: Path, key: dict[str, str], enabled: bool = True) -> None:
-        self.folder, self.key, self.enabled = folder, key, enabled
+    def __init__(self, folder: Path, key: dict[str, str], enabled: bool = True, packaged: bool = False) -> None:
+        self.folder, self.key, self.enabled, self.packaged = folder, key, enabled, packaged
         self.loaded = False
 
     @classmethod
     def for_recipe(cls, recipe: Recipe, backend: str) -> StartupCache:
         key = startup_key(recipe, backend)
-        # O0 compiles nothing: there is nothing to keep.
+        # O0 compiles nothing: there is nothing to keep. O2 on the CPU compiles nothing through torch.compile.
+        packaged = recipe.config.fusion_level == "O2" and backend == "cpu"
         return cls(cache_root() / "startup" / key["recipe"].removeprefix("sha256:")[:16], key,
-                   enabled=recipe.config.fusion_level != "O0")
+                   enabled=recipe.config.fusion_level != "O0" and not packaged, packaged=packaged)
+
+    def packages(self) -> Path | None:
+        """The folder of O2's AOTInductor packages (engine/packaged.py) when this start is served from them, made
+        under this key: one made under another key, or whose key is unreadable, is emptied first, said why."""
+        if not self.packaged:
+            return None
+        folder, why = self.folder / PACKAGES, None
+        try:
+            made_under = dict(json.loads((folder / META).read_text())["key"])
+        except FileNotFoundError:
+            why = f"none yet in {folder}"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            why = f"its metadata {folder / META} is unreadable ({type(exc).__name__}: {exc}); it is emptied"
+        else:
+            changed = [f"{name} {made_under.get(name)!r} there, {value!r} here" for name, value in self.key.items()
+                       if made_under.get(name) != value]
+            if changed:
+                why = f"{folder} was made under another key ({'; '.join(changed)}); it is emptied"
+        if why is None:
+            log(f"serve: O2 packages from {folder}")
+            return folder
+        log(f"serve: O2 packages not used: {why}")
+        try:
+            for path in folder.glob("*"):
+                if path.is_file():
+                    path.unlink()
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_atomic(folder / META, json.dumps({"key": self.key}, indent=1).encode())
+        except OSError as exc:
+            log(f"serve: O2 packages cannot be kept in {folder} ({exc.strerror or exc}): compiled in memory only")
+            return None
+        return folder
+
+    def report_packages(self, packaged) -> None:
+        """Say how the start went with O2's packages (`packaged`: engine/packaged.py PackagedGraphs)."""
+        log(f"serve: O2 graphs: {packaged.num_loaded} loaded from {packaged.folder}, {packaged.num_compiled} "
+            f"compiled and saved there ({packaged.compile_seconds:.1f} s compiling)")
 
     def load(self) -> bool:
         """Fill torch's caches from the bundle, if there is one made under this key; True when it was loaded.

@@ -1,0 +1,240 @@
+"""O2's frozen graphs as AOTInductor packages on disk, so that a later start loads them instead of compiling.
+
+torch.compile cannot keep a frozen graph between processes: inductor's FX graph cache bypasses any graph that holds
+weights prepacked for oneDNN ("mkldnn tensors unpickleable"; O2 on the CPU prepacks every linear layer) and AOT
+autograd's cache refuses freezing. AOTInductor compiles the same graph ahead of time, with the same inductor
+freezing, into a .pt2 package that holds the kernels, the C++ wrapper and the frozen (prepacked) constants; loading
+one takes milliseconds. Each segment entry (prefill, prompt chunk, decode at each batch bucket) and the head is
+exported on first use with the dimensions that dynamo would treat as dynamic marked so (the rest static, as
+dynamo's graphs are), compiled, written to the folder and loaded; a later start that meets the same inputs
+(structure, dtypes, static sizes) loads the package. A package that is corrupt or cannot be loaded is compiled
+again, with the reason in the log."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.export import Dim
+from torch.utils import _pytree as pytree
+
+from autotune.engine.layers import StepInputs
+from autotune.engine.model import EngineModel, Segment
+from autotune.progress import log
+
+__all__ = ["PackagedGraphs", "package_graphs"]
+
+# What torch.compile runs at O2 on the CPU (engine/build.py COMPILE_MODES): inductor's defaults, frozen. The frozen
+# constants stay inside each package's .so (AOTInductor's default): with `aot_inductor.package_constants_in_so`
+# False the process crashed loading prepacked weights (torch 2.13). The cost: a loaded package keeps its .so's
+# constant pages mapped beside the copies it runs on (SmolLM2 O2: RSS 3.8 GB against torch.compile's 2.4 GB, 1.7 GB
+# of it clean file-backed pages that the kernel may reclaim).
+INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
+
+# Dimensions dynamo treats as dynamic (engine/model.py marks them), by entry and input; the rest stay static.
+# Pools [kv_heads, pages, page_size, head_dim] grow by pages (on_demand). Prefill: prompts and their length.
+# A prompt chunk: its length, its pages and the context (mask [seqs, 1, chunk, context]). Decode: none but the
+# pools, one graph per batch bucket. Head: the rows.
+_POOLS = {"k_pools": (1,), "v_pools": (1,)}
+DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "prefill": {"x": (0, 1), "cos": (0, 1), "sin": (0, 1), "slots": (0, 1), "window_mask": (0, 1),
+                "causal_mask": (0, 1), "local_cos": (0, 1), "local_sin": (0, 1), **_POOLS},
+    "chunk": {"x": (1,), "cos": (1,), "sin": (1,), "slots": (1,), "block_table": (1,), "context_mask": (2, 3),
+              "window_mask": (2, 3), "local_cos": (1,), "local_sin": (1,), **_POOLS},
+    "decode": dict(_POOLS),
+    "head": {"x": (0,)},
+}
+
+
+class _SegmentStep(nn.Module):
+    """One segment entry with the step's tensors as a dict, as torch.export takes them (StepInputs is no pytree)."""
+
+    def __init__(self, segment: Segment, prefill: bool) -> None:
+        super().__init__()
+        self.segment, self.prefill = segment, prefill
+
+    def forward(self, x: torch.Tensor, fields: dict[str, torch.Tensor], k_pools: list[torch.Tensor],
+                v_pools: list[torch.Tensor]) -> torch.Tensor:
+        return self.segment.forward(x, StepInputs(prefill=self.prefill, **fields), k_pools, v_pools)
+
+
+class _Head(nn.Module):
+    def __init__(self, logits: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(x)
+
+
+# The argument names of every entry (the head takes only x), for the leaves that are not step fields.
+_ARGUMENTS = ("x", "fields", "k_pools", "v_pools")
+
+
+def _leaf_names(args: tuple) -> list[str]:
+    """The input name that decides each leaf's dynamic dimensions: a step field's own name, else the argument's."""
+    names = []
+    for path, _ in pytree.tree_flatten_with_path(args)[0]:
+        field = len(path) > 1 and isinstance(path[1], pytree.MappingKey)
+        names.append(str(path[1].key) if field else _ARGUMENTS[path[0].idx])
+    return names
+
+
+class PackagedGraphs:
+    """The packages of one engine in `folder` (which its owner keys: serve/startup_cache.py). `after_compile` runs
+    after each compile (engine/spill.py drops the eager weights' pages that it read)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.after_compile: Callable[[], None] | None = None
+        self.num_compiled = self.num_loaded = 0
+        self.compile_seconds = 0.0
+        self._programs: dict[tuple, list[tuple[list, Any]]] = {}  # entry and inputs -> [(shape pattern, package)]
+
+    def run(self, name: str, kind: str, module: nn.Module, args: tuple) -> Any:
+        """`module(*args)`, by the package compiled for these inputs (loaded, or compiled and saved first)."""
+        # A plain tuple as the key, not the pytree spec: this runs for every segment at every step.
+        leaves = _leaves(args)
+        key = (name, kind, *(tuple(a) if isinstance(a, dict) else len(a) for a in args if not _is_tensor(a)))
+        programs = self._programs.get(key)
+        if programs is None:
+            programs = self._programs[key] = self._load_all(_signature(name, kind, args, leaves))
+        for pattern, program in programs:
+            if _fits(pattern, leaves):
+                return program(*args)
+        programs.append(self._compile(_signature(name, kind, args, leaves), name, kind, module, args, leaves))
+        return programs[-1][1](*args)
+
+    def _load_all(self, signature: str) -> list[tuple[list, Any]]:
+        """Every package in the folder made for this signature; a corrupt or unloadable one is skipped, said why."""
+        loaded = []
+        for meta_path in sorted(self.folder.glob(f"{signature}-*.json")):
+            package = meta_path.with_suffix(".pt2")
+            try:
+                meta = json.loads(meta_path.read_text())
+                data = package.read_bytes()
+                if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                    raise ValueError("it does not match the checksum in its metadata (corrupt)")
+                program = torch._inductor.aoti_load_package(str(package))
+            except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
+                log(f"serve: O2 package {package.name} not used: {type(exc).__name__}: {exc}")
+                continue
+            loaded.append((meta["pattern"], program))
+            self.num_loaded += 1
+        return loaded
+
+    def _compile(self, signature: str, name: str, kind: str, module: nn.Module, args: tuple,
+                 leaves: list) -> tuple[list, Any]:
+        started = time.perf_counter()
+        dynamic = DYNAMIC_DIMS[kind]
+        dims = [{d: Dim.AUTO for d in dynamic.get(leaf_name, ()) if leaf.shape[d] >= 2}
+                for leaf_name, leaf in zip(_leaf_names(args), leaves)]
+        dynamic_shapes = pytree.tree_unflatten(dims, pytree.tree_flatten(args)[1])
+        # The step runs under inference_mode; export traces outside it, without autograd, on copies of its inference
+        # tensors (whether export takes them as they are was not tried; the copies cost one step's inputs, once).
+        with torch.inference_mode(False), torch.no_grad():
+            program = torch.export.export(module, _clone_inference(args), dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+            pattern = _pattern(program)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            stem = f"{signature}-{hashlib.sha256(json.dumps(pattern).encode()).hexdigest()[:12]}"
+            fd, tmp = tempfile.mkstemp(prefix=stem, suffix=".pt2", dir=self.folder)
+            os.close(fd)
+            try:
+                torch._inductor.aoti_compile_and_package(program, package_path=tmp,
+                                                         inductor_configs=INDUCTOR_CONFIGS)
+                meta = {"entry": name, "kind": kind, "pattern": pattern,
+                        "sha256": hashlib.sha256(Path(tmp).read_bytes()).hexdigest()}
+                # Package first, metadata last: a reader finds the old pair, or a checksum miss it compiles again.
+                os.replace(tmp, self.folder / f"{stem}.pt2")
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+        _write_atomic(self.folder / f"{stem}.json", json.dumps(meta, indent=1).encode())
+        loaded = torch._inductor.aoti_load_package(str(self.folder / f"{stem}.pt2"))
+        seconds = time.perf_counter() - started
+        self.num_compiled += 1
+        self.compile_seconds += seconds
+        log(f"serve: O2 graph {name} ({kind}) compiled into {self.folder / stem}.pt2 in {seconds:.1f} s")
+        if self.after_compile is not None:
+            self.after_compile()
+        return pattern, loaded
+
+
+def _signature(name: str, kind: str, args: tuple, leaves: list) -> str:
+    """What must match for a package to be looked at: the entry, the input structure, each input's dtype and rank."""
+    described = [name, kind, str(pytree.tree_flatten(args)[1])] + [f"{leaf.dtype}:{leaf.dim()}" for leaf in leaves]
+    return f"{name}-" + hashlib.sha256("|".join(described).encode()).hexdigest()[:16]
+
+
+def _is_tensor(value: object) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _leaves(args: tuple) -> list[torch.Tensor]:
+    """The tensors of an entry's arguments (tensors, a dict of them, lists of them) in pytree's order."""
+    leaves: list[torch.Tensor] = []
+    for arg in args:
+        leaves.extend([arg] if _is_tensor(arg) else arg.values() if isinstance(arg, dict) else arg)
+    return leaves
+
+
+def _pattern(program) -> list[list[int | None]]:
+    """Each user input's shape as the package takes it: a static size, or None where it is dynamic."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    shapes = [[d if isinstance(d, int) else None for d in node.meta["val"].shape]
+              for node in program.graph.nodes if node.op == "placeholder" and node.name in user_inputs]
+    return shapes
+
+
+def _fits(pattern: list, leaves: list) -> bool:
+    # A dynamic dimension was exported for sizes of 2 and more (dynamo, too, specialises 0 and 1).
+    return len(pattern) == len(leaves) and all(
+        len(dims) == leaf.dim() and all(d == s if d is not None else s >= 2 for d, s in zip(dims, leaf.shape))
+        for dims, leaf in zip(pattern, leaves))
+
+
+def _clone_inference(args: tuple) -> tuple:
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, args)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def package_graphs(model: EngineModel, folder: Path) -> PackagedGraphs:
+    """Route every segment entry and the head of `model` through packages in `folder` (O2 on the CPU)."""
+    graphs = PackagedGraphs(folder)
+    for index, segment in enumerate(model.segments):
+        prefill, decode = _SegmentStep(segment, True), _SegmentStep(segment, False)
+
+        def run_prefill(x, step, k_pools, v_pools, _module=prefill, _index=index):
+            kind = "prefill" if step.block_table is None else "chunk"
+            return graphs.run(f"segment{_index}", kind, _module, (x, _fields(step), list(k_pools), list(v_pools)))
+
+        def run_decode(x, step, k_pools, v_pools, _module=decode, _index=index):
+            return graphs.run(f"segment{_index}", "decode", _module, (x, _fields(step), list(k_pools),
+                                                                      list(v_pools)))
+
+        segment.prefill, segment.decode = run_prefill, run_decode
+    head = _Head(model.logits)
+    model.logits = lambda x: graphs.run("head", "head", head, (x,))
+    return graphs
+
+
+def _fields(step: StepInputs) -> dict[str, torch.Tensor]:
+    return {name: value for name in StepInputs.__slots__ if name != "prefill"
+            and (value := getattr(step, name)) is not None}

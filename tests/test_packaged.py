@@ -1,0 +1,82 @@
+"""O2 on the CPU from AOTInductor packages (autotune/engine/packaged.py): a first build compiles and saves each graph,
+a second build from the same folder loads them all, compiles nothing and gives the same greedy tokens, and those are
+torch.compile's at O2 too. A corrupt package is compiled again with the reason in the log; a folder made under
+another key is emptied (autotune/serve/startup_cache.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+
+from autotune.config.deploy import DeployConfig
+from autotune.engine import Request, build_engine
+from autotune.serve.startup_cache import META, PACKAGES, StartupCache
+
+# One segment, a batch of 1: three graphs (the prefill of one prompt, the decode of one row, the head), each an
+# AOTInductor compile of about 10 s on two cores.
+CONFIG = DeployConfig(fusion_level="O2", layers_per_subgraph=0, batch_size=1, page_size=16)
+
+
+def _greedy(packages) -> tuple[list[int], object]:
+    torch._dynamo.reset()
+    engine = build_engine(make_tiny_llama(num_hidden_layers=1), CONFIG, packages=packages)
+    completion, = engine.runner(max_seq_len=64).run([Request([5, 6, 7], 6, min_new_tokens=6)])
+    return completion.output_ids, engine.packaged
+
+
+@pytest.fixture(scope="module")
+def first_build(tmp_path_factory):
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no oneDNN bf16 here: freezing may not prepack")
+    folder = tmp_path_factory.mktemp("packages")
+    tokens, packaged = _greedy(folder)
+    return folder, tokens, packaged
+
+
+def test_a_second_build_loads_every_graph_with_the_same_tokens(first_build):
+    folder, tokens, first = first_build
+    assert first.num_compiled == 3 and first.num_loaded == 0 and len(tokens) == 6
+    again, second = _greedy(folder)
+    assert second.num_compiled == 0 and second.num_loaded == 3
+    assert again == tokens
+
+
+def test_packages_compute_what_torch_compile_computes_at_o2(first_build):
+    _, tokens, _ = first_build
+    compiled, packaged = _greedy(None)
+    assert packaged is None and compiled == tokens
+
+
+def test_a_corrupt_package_is_compiled_again_with_the_reason(first_build, tmp_path, capsys):
+    folder, tokens, _ = first_build
+    copy = tmp_path / "packages"
+    copy.mkdir()
+    for path in folder.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    broken = next(copy.glob("head-*.pt2"))
+    broken.write_bytes(broken.read_bytes()[:-10])
+    again, packaged = _greedy(copy)
+    assert packaged.num_compiled == 1 and packaged.num_loaded == 2 and again == tokens
+    assert f"O2 package {broken.name} not used" in capsys.readouterr().err
+
+
+def test_a_package_folder_made_under_another_key_is_emptied(tmp_path, capsys):
+    cache = StartupCache(tmp_path / "startup", {"recipe": "sha256:test", "torch": torch.__version__},
+                         enabled=False, packaged=True)
+    assert cache.packages() == tmp_path / "startup" / PACKAGES
+    assert "O2 packages not used: none yet" in capsys.readouterr().err
+    stale = tmp_path / "startup" / PACKAGES / "segment0-x.pt2"
+    stale.write_bytes(b"old")
+    assert cache.packages() is not None and stale.exists()  # same key: kept
+    assert "O2 packages from" in capsys.readouterr().err
+    other = StartupCache(cache.folder, {**cache.key, "torch": "2.0.0"}, enabled=False, packaged=True)
+    assert other.packages() is not None and not stale.exists()
+    err = capsys.readouterr().err
+    assert f"made under another key (torch {torch.__version__!r} there, '2.0.0' here); it is emptied" in err, err
+    assert json.loads((cache.folder / PACKAGES / META).read_text())["key"] == other.key
+
+
+def test_only_o2_on_the_cpu_is_packaged(tmp_path):
+    assert StartupCache(tmp_path, {}, packaged=False).packages() is None
