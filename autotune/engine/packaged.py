@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 from autotune.engine.layers import StepInputs
 from autotune.engine.model import EngineModel, Segment
+from autotune.paths import write_atomic
 from autotune.progress import log
 
 __all__ = ["PackagedGraphs", "package_graphs"]
@@ -156,7 +157,7 @@ class PackagedGraphs:
                 os.replace(tmp, self.folder / f"{stem}.pt2")
             finally:
                 Path(tmp).unlink(missing_ok=True)
-        _write_atomic(self.folder / f"{stem}.json", json.dumps(meta, indent=1).encode())
+        write_atomic(self.folder / f"{stem}.json", json.dumps(meta, indent=1).encode())
         loaded = torch._inductor.aoti_load_package(str(self.folder / f"{stem}.pt2"))
         seconds = time.perf_counter() - started
         self.num_compiled += 1
@@ -202,17 +203,6 @@ def _fits(pattern: list, leaves: list) -> bool:
 
 def _clone_inference(args: tuple) -> tuple:
     return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t.is_inference() else t, args)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def package_graphs(model: EngineModel, folder: Path) -> PackagedGraphs:

@@ -20,15 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import torch
 
 from autotune.host import cpu_fingerprint
-from autotune.paths import cache_root
+from autotune.paths import cache_root, write_atomic
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, recipe_checksum
 from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
@@ -131,7 +129,7 @@ class StartupCache:
                 if path.is_file():
                     path.unlink()
             folder.mkdir(parents=True, exist_ok=True)
-            _write_atomic(folder / META, json.dumps({"key": self.key}, indent=1).encode())
+            write_atomic(folder / META, json.dumps({"key": self.key}, indent=1).encode())
         except OSError as exc:
             log(f"serve: O2 packages cannot be kept in {folder} ({exc.strerror or exc}): compiled in memory only")
             return None
@@ -215,8 +213,8 @@ class StartupCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             # Artifacts first, metadata last, each replaced whole: a reader sees the old pair or a checksum miss.
-            _write_atomic(self.folder / ARTIFACTS, data)
-            _write_atomic(self.folder / META, json.dumps(meta, indent=1).encode())
+            write_atomic(self.folder / ARTIFACTS, data)
+            write_atomic(self.folder / META, json.dumps(meta, indent=1).encode())
         except OSError as exc:
             log(f"serve: start-up cache not saved in {self.folder}: {exc.strerror or exc}")
             return
@@ -224,12 +222,3 @@ class StartupCache:
             f"{meta['inductor_artifacts']} compiled graphs)")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
