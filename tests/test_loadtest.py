@@ -48,3 +48,32 @@ def test_only_loopback_targets():
     with pytest.raises(UserInputError, match="loopback"):
         check_loopback("http://8.8.8.8:80")
     assert main(["loadtest", "http://10.1.2.3:8000"]) == 2
+
+
+def test_a_server_that_is_not_there_is_an_error_not_an_exception():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: the connection is refused
+        outcome = one_request("127.0.0.1", port, {"prompt": "x", "max_tokens": 1, "stream": True})
+    assert not outcome.ok and outcome.error.startswith("ConnectionRefusedError")
+
+
+def test_one_thread_drives_every_request_of_a_level(served, monkeypatch):
+    """All requests in flight share the calling thread (asyncio), so a level of 4 wakes one client thread per step."""
+    import threading
+
+    from autotune.serve import loadtest
+
+    seen: set[int] = set()
+    request = loadtest._request
+
+    async def recording(*args, **kwargs):
+        seen.add(threading.get_ident())
+        return await request(*args, **kwargs)
+
+    monkeypatch.setattr(loadtest, "_request", recording)
+    body = {"model": "x", "prompt": "Once upon a time", "max_tokens": 6, "min_tokens": 6, "stream": True}
+    level = loadtest.run_level("127.0.0.1", served.port, [body] * 8, concurrency=4)
+    assert level.ok == 8 and level.errors == 0 and seen == {threading.get_ident()}

@@ -1,16 +1,21 @@
 """`autotune loadtest`: a client-side benchmark of any server speaking OpenAI's streaming /v1/completions.
 
+One thread drives every request in flight (asyncio streams), so that a run at concurrency 16 wakes one thread per
+server step, not sixteen: on a machine whose cores the server's workers use, each woken client thread takes one
+of those cores from them.
+
 Times are taken where a user feels them, on the client: time to first token (request sent to first token
 received), time per output token (between the first and the last token), output tokens per second of wall time."""
 from __future__ import annotations
 
+import asyncio
 import http.client
 import ipaddress
 import json
 import random
 import socket
-import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
@@ -57,40 +62,90 @@ def _model_id(host: str, port: int) -> str | None:
 
 def one_request(host: str, port: int, body: dict, timeout: float = 300.0) -> Outcome:
     """One streaming completion; every SSE event that carries a choice counts as the arrival of a token."""
+    return asyncio.run(_request(host, port, body, timeout))
+
+
+async def _request(host: str, port: int, body: dict, timeout: float) -> Outcome:
     started = time.perf_counter()
-    times: list[float] = []
-    usage_tokens = None
     try:
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            text = resp.read(2000).decode(errors="replace")
-            conn.close()
-            return Outcome(False, latency_s=time.perf_counter() - started, error=f"HTTP {resp.status}: {text[:200]}")
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                conn.close()
-                return Outcome(False, latency_s=time.perf_counter() - started, error=str(event["error"])[:200])
-            if event.get("usage"):
-                usage_tokens = event["usage"].get("completion_tokens")
-            choices = event.get("choices") or []
-            # A closing event with only a finish_reason and no text carries no token.
-            if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
-                times.append(time.perf_counter())
-        conn.close()
-    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return await asyncio.wait_for(_stream(host, port, body, started), timeout)
+    except (OSError, ValueError, EOFError, TimeoutError) as exc:
         return Outcome(False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}"[:200])
+
+
+async def _stream(host: str, port: int, body: dict, started: float) -> Outcome:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        payload = json.dumps(body).encode()
+        writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+        await writer.drain()
+        status, headers = await _head(reader)
+        chunks = _body(reader, headers)
+        if status != 200:
+            text = b""
+            async for chunk in chunks:
+                text += chunk
+                if len(text) >= 2000:
+                    break
+            return Outcome(False, latency_s=time.perf_counter() - started,
+                           error=f"HTTP {status}: {text[:2000].decode(errors='replace')[:200]}")
+        times: list[float] = []
+        usage_tokens = None
+        pending = b""
+        async for chunk in chunks:
+            pending += chunk
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                data = event.strip()
+                if not data.startswith(b"data:"):
+                    continue
+                data = data[5:].strip()
+                if data == b"[DONE]":
+                    return _outcome(started, times, usage_tokens)
+                parsed = json.loads(data)
+                if "error" in parsed:
+                    return Outcome(False, latency_s=time.perf_counter() - started, error=str(parsed["error"])[:200])
+                if parsed.get("usage"):
+                    usage_tokens = parsed["usage"].get("completion_tokens")
+                choices = parsed.get("choices") or []
+                # A closing event with only a finish_reason and no text carries no token.
+                if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+                    times.append(time.perf_counter())
+        return _outcome(started, times, usage_tokens)
+    finally:
+        writer.close()
+
+
+async def _head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """The status code and the headers (names lower-cased) of an HTTP/1.1 response."""
+    line = await reader.readline()
+    parts = line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP response: {line[:80]!r}")
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> AsyncIterator[bytes]:
+    """The response body as it arrives: chunked (a stream), of a Content-Length, or up to the connection's end."""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                return
+            yield (await reader.readexactly(size + 2))[:-2]
+    elif "content-length" in headers:
+        yield await reader.readexactly(int(headers["content-length"]))
+    else:
+        while chunk := await reader.read(65536):
+            yield chunk
+
+
+def _outcome(started: float, times: list[float], usage_tokens: int | None) -> Outcome:
     tokens = usage_tokens if usage_tokens is not None else len(times)
     if not times:
         return Outcome(False, tokens, latency_s=time.perf_counter() - started, error="no token received")
@@ -135,26 +190,21 @@ def run_level(host: str, port: int, bodies: list[dict], concurrency: int, rate: 
         due.append(t)
         t += rng.expovariate(rate) if rate else 0.0
     outcomes: list[Outcome | None] = [None] * len(bodies)
-    lock, cursor = threading.Lock(), [0]
     started = time.perf_counter()
 
-    def worker() -> None:
-        while True:
-            with lock:
-                i = cursor[0]
-                cursor[0] += 1
-            if i >= len(bodies):
-                return
-            wait = started + due[i] - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            outcomes[i] = one_request(host, port, bodies[i])
+    async def level() -> None:
+        cursor = iter(range(len(bodies)))
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+        async def worker() -> None:
+            for i in cursor:  # one iterator shared by the workers: each request is taken once
+                wait = started + due[i] - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                outcomes[i] = await _request(host, port, bodies[i], 300.0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    asyncio.run(level())
     duration = time.perf_counter() - started
     done = [o for o in outcomes if o is not None]
     good = [o for o in done if o.ok]
