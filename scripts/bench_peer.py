@@ -69,7 +69,8 @@ def _ours_worker(recipe_path: str) -> int:
 
 def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload: Workload, gate: bool) -> int:
     from autotune.benchmark.bench import run_figures
-    from autotune.llamacpp.engine import LlamaCppModel, Request
+    from autotune.engine.sequence import Request
+    from autotune.llamacpp.engine import LlamaCppModel
     from autotune.llamacpp.gguf_files import gguf_file
 
     spec = resolve_model(model_name)
@@ -93,15 +94,16 @@ def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload
         header["gate"] = llamacpp_gate(ctx, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
         ctx.close()
     ctx = model.context(config, threads)
-    requests = [Request(p, workload.output_tokens) for p in prompts]
-    ctx.run([Request(p, 4) for p in prompts[:config.parallel]])  # warm-up: one wave of a few tokens
+    n = workload.output_tokens
+    requests = [Request(p, n, min_new_tokens=n) for p in prompts]
+    ctx.run([Request(p, 4, min_new_tokens=4) for p in prompts[:config.parallel]])  # warm-up: one wave of a few tokens
     print("ready " + json.dumps(header), flush=True)
     for _ in sys.stdin:
         trim_heap()
         reset_peak()
         t0 = time.perf_counter()
         completions = ctx.run(requests)
-        figures = run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]
+        figures = run_figures(completions, time.perf_counter() - t0)
         figures["peak_memory_mb"] = (peak_rss_bytes() - base_rss) / 2**20
         print(json.dumps(figures), flush=True)
     return 0

@@ -171,17 +171,19 @@ def test_f32_logits_are_transformers_logits(gguf_folder, tiny):
 
 
 def test_continuous_batching_keeps_each_sequence_its_own(gguf_folder):
-    from autotune.llamacpp.engine import Request
+    from autotune.engine.sequence import Request
 
     model, ctx = _context(gguf_folder / "model-f32.gguf", parallel=2, n_batch=32, n_ubatch=32)
     try:
         prompts = [list(range(200 + 7 * i, 240 + 5 * i)) for i in range(5)]  # 40..60 tokens: prompts chunked by 32
-        together = ctx.run([Request(p, 6) for p in prompts])
-        alone = [ctx.run([Request(p, 6)])[0] for p in prompts]
+        together = ctx.run([Request(p, 6, min_new_tokens=6) for p in prompts])
+        alone = [ctx.run([Request(p, 6, min_new_tokens=6)])[0] for p in prompts]
         assert [c.output_ids for c in together] == [c.output_ids for c in alone]
         assert all(len(c.token_times) == 6 and c.tpot is not None for c in together)
-        forced = ctx.run([Request(prompts[0], 4, forced=(7, 8, 9, 10))])[0]
+        forced = ctx.run([Request(prompts[0], 4, min_new_tokens=4, forced_ids=(7, 8, 9, 10))])[0]
         assert forced.output_ids == [7, 8, 9, 10] and forced.greedy_ids[0] == together[0].output_ids[0]
+        with pytest.raises(ValueError, match="exactly max_new_tokens"):  # it never stops early: said, not ignored
+            ctx.run([Request(prompts[0], 6)])
     finally:
         ctx.close()
         model.close()

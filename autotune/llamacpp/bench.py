@@ -8,7 +8,8 @@ from autotune.benchmark.bench import run_figures, summarize  # one definition of
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
 from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
-from autotune.llamacpp.engine import LlamaCppContext, Request
+from autotune.engine.sequence import Request
+from autotune.llamacpp.engine import LlamaCppContext
 from autotune.progress import log
 
 __all__ = ["benchmark_llamacpp"]
@@ -20,10 +21,11 @@ def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload:
     mark during the runs minus `base_rss` (the process before the weights were loaded): the memory-mapped
     weights as far as they were touched, the KV cache, the compute buffers and the logits."""
     policy = policy or RunPolicy(warmup="short")
-    requests = [Request(p, workload.output_tokens) for p in prompts]
+    n = workload.output_tokens
+    requests = [Request(p, n, min_new_tokens=n) for p in prompts]
     started = time.perf_counter()
     wave = min(ctx.config.parallel, len(prompts))
-    ctx.run([Request(p, min(4, workload.output_tokens)) for p in prompts[:wave]] if policy.warmup == "short"
+    ctx.run([Request(p, min(4, n), min_new_tokens=min(4, n)) for p in prompts[:wave]] if policy.warmup == "short"
             else requests)
     warmup_s = time.perf_counter() - started
     trim_heap()
@@ -32,7 +34,7 @@ def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload:
     def one_run() -> dict:
         t0 = time.perf_counter()
         completions = ctx.run(requests)
-        return run_figures(completions, time.perf_counter() - t0)  # type: ignore[arg-type]  # same properties
+        return run_figures(completions, time.perf_counter() - t0)
 
     runs, stop = timed_runs(one_run, policy, log)
     out = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s,

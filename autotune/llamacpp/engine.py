@@ -7,43 +7,16 @@ from __future__ import annotations
 import ctypes
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from autotune.engine.sequence import Completion, Request  # the engine's: one request and completion type for both
 from autotune.errors import TrialFailure
 from autotune.llamacpp.config import LlamaCppConfig
 
-__all__ = ["LlamaCppModel", "LlamaCppContext", "Request", "Completion"]
-
-
-@dataclass(slots=True)
-class Request:
-    """`forced`: tokens fed instead of the greedy choices (the gate's teacher-forced decode), which are still
-    recorded in `greedy_ids`."""
-
-    prompt: list[int]
-    new_tokens: int
-    forced: tuple[int, ...] = ()
-
-
-@dataclass(slots=True)
-class Completion:
-    request: Request
-    arrival: float = 0.0
-    output_ids: list[int] = field(default_factory=list)
-    greedy_ids: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-
-    @property
-    def ttft(self) -> float:
-        return self.token_times[0] - self.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
+__all__ = ["LlamaCppModel", "LlamaCppContext"]
 
 
 def _lib():
@@ -155,9 +128,13 @@ class LlamaCppContext:
 
     def run(self, requests: list[Request]) -> list[Completion]:
         """Every request to its last token, `parallel` at a time, a waiting one taking the first free sequence."""
-        if max(len(r.prompt) + r.new_tokens for r in requests) * min(self.config.parallel, len(requests)) > self.n_ctx:
+        if any(r.min_new_tokens != r.max_new_tokens for r in requests):
+            raise ValueError("llama.cpp's runner produces exactly max_new_tokens (end-of-sequence is masked): give "
+                             "every request min_new_tokens == max_new_tokens")
+        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+        if longest * min(self.config.parallel, len(requests)) > self.n_ctx:
             raise TrialFailure(f"n_ctx {self.n_ctx} cannot hold {min(self.config.parallel, len(requests))} sequences "
-                               f"of up to {max(len(r.prompt) + r.new_tokens for r in requests)} tokens")
+                               f"of up to {longest} tokens")
         self._clear()
         start = time.perf_counter()
         done = [Completion(r, arrival=start) for r in requests]
@@ -168,7 +145,7 @@ class LlamaCppContext:
         while waiting or active:
             while waiting and free:
                 i = waiting.popleft()
-                active[free.pop()] = _Slot(i, list(requests[i].prompt))
+                active[free.pop()] = _Slot(i, list(requests[i].prompt_ids))
             entries: list[tuple[int, int, int, bool]] = []
             outputs: list[int] = []  # the sequence of each entry whose logits are wanted, in batch order
             for seq, slot in active.items():  # decode steps first, as llama-server's update_slots does
@@ -200,11 +177,11 @@ class LlamaCppContext:
                 greedy = int(logits.argmax())
                 request = completion.request
                 k = len(completion.output_ids)
-                token = request.forced[k] if k < len(request.forced) else greedy
+                token = request.forced_ids[k] if k < len(request.forced_ids) else greedy
                 completion.greedy_ids.append(greedy)
                 completion.output_ids.append(token)
                 completion.token_times.append(now)
-                if len(completion.output_ids) == request.new_tokens:
+                if len(completion.output_ids) == request.max_new_tokens:
                     self._lc.llama_memory_seq_rm(self._lc.llama_get_memory(self.handle), seq, -1, -1)
                     del active[seq]
                     free.append(seq)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from autotune.engine.sequence import Request
 from autotune.gate.accuracy import score_windows  # the windows' scoring itself: one definition for every engine
 from autotune.gate.decode import staged_decode
 from autotune.gate.design import DECODE_STAGE_PROMPTS
 from autotune.gate.reference import Reference
 from autotune.gate.result import GateResult
-from autotune.llamacpp.engine import LlamaCppContext, Request
+from autotune.llamacpp.engine import LlamaCppContext
 
 __all__ = ["llamacpp_gate", "llamacpp_decode_check"]
 
@@ -38,7 +39,8 @@ def llamacpp_decode_check(ctx: LlamaCppContext, reference: Reference, prompts: l
     new = reference.decode_top_ids.shape[1]
 
     def greedy_ids(chunk: list[int]) -> list[list[int]]:
-        outs = ctx.run([Request(prompts[i], new, forced=tuple(reference.decode_tokens[i])) for i in chunk])
+        outs = ctx.run([Request(prompts[i], new, min_new_tokens=new, forced_ids=tuple(reference.decode_tokens[i]))
+                        for i in chunk])
         return [out.greedy_ids for out in outs]
 
     return staged_decode(len(prompts), reference, tie_epsilon, min_agreement, stage, greedy_ids)
