@@ -53,16 +53,10 @@ FLASH_ATTN = ("auto", "on", "off")
 # Only these change what the model computes; the rest change speed and memory. Gate results are keyed by them.
 NUMERICS_KNOBS = ("runtime", "dtype", "quant", "fusion_level", "layers_per_subgraph", "quant_method",
                   "fallback_layers", "gguf_type", "kv_type", "flash_attn")
-# llama.cpp's knobs as llama-server runs them given only a model, but for a context that holds the study's batch.
-_LLAMACPP_DEFAULTS = {"gguf_type": "source", "n_batch": 2048, "n_ubatch": 512, "flash_attn": "auto", "kv_type": "f16",
-                      "n_ctx": 4096}
-# The engine's knobs as a configuration of llama.cpp carries them: unset.
-_ENGINE_DEFAULTS = {"dtype": "bf16", "quant": "none", "quant_method": "rtn", "fallback_layers": 0, "fusion_level": "O0",
-                    "layers_per_subgraph": None, "page_size": 128, "kv_policy": "on_demand"}
-# Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at these
-# defaults, so that a configuration that does not use them keeps its digest (and its recipe file name) and its gate key.
-_LATER_DEFAULTS = {"quant_method": "rtn", "fallback_layers": 0, "dtype": "bf16", "runtime": "engine",
-                   **_LLAMACPP_DEFAULTS}
+# Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at their
+# defaults (DeployConfig's), so that a configuration that does not use them keeps its digest (and its recipe file
+# name) and its gate key.
+_LATER_KNOBS = ("quant_method", "fallback_layers", "dtype", "runtime", *LLAMACPP_KNOBS)
 # The scheme names of configurations written before the dtype knob: old name -> (scheme, dtype).
 _LEGACY_SCHEMES = {"bf16": ("none", "bf16")}
 
@@ -111,7 +105,8 @@ class DeployConfig:
     # Default bf16: what every configuration computed in before the knob existed, so that old ones read the same.
     dtype: str = "bf16"
     runtime: str = "engine"  # one of RUNTIMES; the llamacpp backend's configurations are "llamacpp"
-    # llama.cpp's knobs (LLAMACPP_KNOBS), at _LLAMACPP_DEFAULTS unless the runtime is llamacpp.
+    # llama.cpp's knobs (LLAMACPP_KNOBS), at these defaults unless the runtime is llamacpp: llama-server's given
+    # only a model, but for a context that holds the study's batch.
     gguf_type: str = "source"
     n_batch: int = 2048
     n_ubatch: int = 512
@@ -152,8 +147,7 @@ class DeployConfig:
         check_llamacpp_knobs(*(getattr(self, k) for k in LLAMACPP_KNOBS))
         # A knob of the other runtime away from its default would be recorded but never applied.
         other = LLAMACPP_KNOBS if self.runtime == "engine" else ENGINE_KNOBS
-        defaults = _LLAMACPP_DEFAULTS if self.runtime == "engine" else _ENGINE_DEFAULTS
-        stray = [k for k in other if getattr(self, k) != defaults[k]]
+        stray = [k for k in other if getattr(self, k) != _DEFAULTS[k]]
         if stray:
             raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to the "
                              f"{self.runtime} runtime")
@@ -190,7 +184,7 @@ class DeployConfig:
         return {k: v for k, v in values.items() if k not in ENGINE_KNOBS}
 
     def _keyed(self, names) -> dict:
-        out = {k: getattr(self, k) for k in names if _LATER_DEFAULTS.get(k, object()) != getattr(self, k)}
+        out = {k: getattr(self, k) for k in names if k not in _LATER_KNOBS or _DEFAULTS[k] != getattr(self, k)}
         if out.get("quant") == "none" and "dtype" not in out:
             out["quant"] = "bf16"  # what quant none in bf16 was called: its digest and gate key stay the same
         return out
@@ -221,3 +215,8 @@ class DeployConfig:
         split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"
         return (f"{self.scheme_label()}/{self.fusion_level}{split}/bs={self.batch_size}/page={self.page_size}"
                 f"/{self.kv_policy}/power={self.device_power}")
+
+
+# Every knob's default, as the class declares it: what a knob of the other runtime must stay at, and what a later
+# knob is left out of keys at.
+_DEFAULTS = {f.name: f.default for f in fields(DeployConfig)}
