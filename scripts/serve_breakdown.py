@@ -35,9 +35,9 @@ def _timed(model, spent: dict, steps: collections.Counter) -> None:
     for name in ("prefill", "prefill_chunk", "decode"):
         forward = getattr(model, name)
 
-        def timed(*args, forward=forward, name=name):
+        def timed(*args, forward=forward, name=name, **kwargs):
             started = time.perf_counter()
-            out = forward(*args)
+            out = forward(*args, **kwargs)
             spent[name] += time.perf_counter() - started
             steps[f"{name}@{args[0].shape[0]}" if name == "decode" else name] += 1
             return out

@@ -56,9 +56,9 @@ def test_batching_runs_batch_size_rows_together(tiny_llama):
     seen: list[int] = []
     original = engine.model.decode
 
-    def spy(token_ids, *args):
+    def spy(token_ids, *args, **kwargs):
         seen.append(token_ids.shape[0])
-        return original(token_ids, *args)
+        return original(token_ids, *args, **kwargs)
 
     engine.model.decode = spy
     runner.run([Request(p, 6, min_new_tokens=6) for p in _prompts(512)])

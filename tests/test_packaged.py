@@ -49,6 +49,22 @@ def test_packages_compute_what_torch_compile_computes_at_o2(first_build):
     assert packaged is None and compiled == tokens
 
 
+def test_one_decode_package_takes_every_width_a_serving_step_has(first_build):
+    """A serving runner's decode steps are as wide as their rows' pages (2, 3 and 4 of 16 tokens here): the decode
+    package exported at the offline runner's width of 4 takes all of them, with the same tokens."""
+    folder, tokens, _ = first_build
+    torch._dynamo.reset()
+    engine = build_engine(make_tiny_llama(num_hidden_layers=1), CONFIG, packages=folder)
+    widths: list[int] = []
+    original = engine.model.decode
+    engine.model.decode = lambda *args, **kwargs: widths.append(args[3].shape[1]) or original(*args, **kwargs)
+    runner = engine.runner(max_seq_len=64, bucketed=True)
+    served = [runner.run([Request(prompt, 6, min_new_tokens=6)])[0].output_ids
+              for prompt in ([5, 6, 7], [5] * 40, [6] * 45)]
+    assert sorted(set(widths)) == [2, 3, 4]
+    assert engine.packaged.num_compiled == 0 and served[0] == tokens
+
+
 def test_a_corrupt_package_is_compiled_again_with_the_reason(first_build, tmp_path, capsys):
     folder, tokens, _ = first_build
     copy = tmp_path / "packages"

@@ -29,9 +29,9 @@ def _spy(model, name: str, seen: list, also=None) -> None:
     """Record the shape of each `name` forward's token ids, followed by `also()` when given."""
     original = getattr(model, name)
 
-    def spy(token_ids, *args):
+    def spy(token_ids, *args, **kwargs):
         seen.append((*token_ids.shape, also()) if also else tuple(token_ids.shape))
-        return original(token_ids, *args)
+        return original(token_ids, *args, **kwargs)
 
     setattr(model, name, spy)
 
@@ -61,6 +61,36 @@ def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, l
     padded = [c.output_ids for c in full.run(_requests(prompts, new))]
     assert {shape[0] for shape in seen} == {8}
     assert bucketed == padded == [row[:n] for row, n in zip(hf_greedy(tiny_llama, prompts, 12), new)]
+
+
+@pytest.mark.parametrize("level", ["O0", "O1"])
+def test_serving_decode_reads_only_the_pages_its_rows_use(tiny_llama, level):
+    """A serving runner's decode step is as wide as its longest row's pages (at least 2), not the whole context:
+    the same tokens as the offline runner, which reads every page of the context each step. (That a width compiles
+    no graph of its own: test_warm_up_compiles_every_graph_serving_meets.)"""
+    prompts = _prompts(tiny_llama.config.vocab_size, (5, 17, 33))
+    new = [6, 20, 12]  # rows leave at different steps: the widest row changes, and the width with it (5, 6, 4, 5)
+    engine = build_engine(tiny_llama, DeployConfig(fusion_level=level, layers_per_subgraph=None if level == "O0"
+                                                else 0, batch_size=4, page_size=8, dtype="fp32"))
+    widths: list = []
+    original = engine.model.decode
+
+    def width(token_ids, positions, slots, block_table, context_mask, **kwargs):
+        widths.append((block_table.shape[1], context_mask.shape[-1], kwargs["dynamic_context"]))
+        return original(token_ids, positions, slots, block_table, context_mask, **kwargs)
+
+    engine.model.decode = width
+    serving = engine.runner(max_seq_len=64, bucketed=True)
+    served = [c.output_ids for c in serving.run(_requests(prompts, new))]
+    # Decode step k writes position prompt + k of each row that still runs (it has fewer than its new tokens).
+    longest = [max(len(p) + k + 1 for p, n in zip(prompts, new) if k < n - 1) for k in range(max(new) - 1)]
+    assert [w for w, _, _ in widths] == [max(2, -(-n // 8)) for n in longest]
+    assert len({w for w, _, _ in widths}) > 1
+    assert all(context == w * 8 and dynamic for w, context, dynamic in widths), widths
+    widths.clear()
+    offline = [c.output_ids for c in engine.runner(max_seq_len=64).run(_requests(prompts, new))]
+    assert {w for w, _, _ in widths} == {8}
+    assert served == offline == [row[:n] for row, n in zip(hf_greedy(tiny_llama, prompts, max(new)), new)]
 
 
 @pytest.mark.parametrize("chunk", [8, 40])
@@ -114,7 +144,6 @@ def test_chunked_prefill_keeps_windows_softcaps_and_local_rope(variant):
     assert [c.output_ids for c in runner.run(_requests(prompts, [8] * 4, eos))] == expected
 
 
-
 def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
     """dynamo's and inductor's settings are per thread: the serving loop's thread takes the engine's, else its graphs
     were not frozen and beyond dynamo's default of 8 graphs a segment it ran eager."""
@@ -141,7 +170,8 @@ def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
 
 def test_warm_up_compiles_every_graph_serving_meets(tiny_llama):
     """After warm_up, no request shape compiles a graph on a user's request: one prompt or several, a one-token
-    prompt, a prompt longer than the prefill chunk (one that would leave a last chunk of one token), every bucket."""
+    prompt, a prompt longer than the prefill chunk (one that would leave a last chunk of one token), every bucket,
+    decode steps 5 and 6 pages wide (warm-up meets 2 and 3)."""
     from torch._dynamo.utils import counters
 
     engine = build_engine(tiny_llama, DeployConfig(fusion_level="O1", layers_per_subgraph=0, batch_size=4, page_size=8,

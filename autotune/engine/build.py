@@ -50,19 +50,23 @@ class Engine:
         dynamo's default of 8 graphs a segment ran eager (the serve log said `recompile_limit (8)`)."""
         if self.compiled:
             # An accelerator's Device passes its own compile options; only the CPU path sets inductor's freezing.
-            on_cpu = self.model.cos_table.device.type == "cpu"
-            _compile_settings(self.model, self.config, COMPILE_MODES[self.config.fusion_level] if on_cpu else None)
+            _compile_settings(self.model, self.config, COMPILE_MODES[self.config.fusion_level] if self.on_cpu else None)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.model.cos_table.device.type == "cpu"
 
     def runner(self, max_seq_len: int, pool_tokens: int | None = None, max_batch: int | None = None,
                prefill_chunk: int | None = None, bucketed: bool = False) -> Runner:
         """`prefill_chunk`: prompt tokens one step may prefill (serving bounds it; None: all admitted at once);
-        `bucketed`: decode graphs at batch buckets (serving) rather than only the full batch (Runner)."""
+        `bucketed`: decode graphs at batch buckets (serving) rather than only the full batch, and on the CPU decode
+        steps that read only the pages their rows use (Runner)."""
         batch = max_batch or self.config.batch_size
         cache = self.model.new_cache(page_size=self.config.page_size, policy=self.config.kv_policy,
                                      max_seq_len=max_seq_len, max_batch=batch, pool_tokens=pool_tokens)
         # Compiled graphs want few shapes: pad the batch to a bucket rather than recompile as rows come and go.
         return Runner(self.model, cache, batch, pad_batch=self.compiled, prefill_chunk=prefill_chunk,
-                      bucketed=bucketed)
+                      bucketed=bucketed, dynamic_context=bucketed and self.on_cpu)
 
 
 def _compile_settings(model: EngineModel, config: DeployConfig, cpu_mode: str | None) -> None:

@@ -292,8 +292,10 @@ class EngineModel(nn.Module):
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-               block_table: torch.Tensor, context_mask: torch.Tensor) -> torch.Tensor:
-        """One token per row: token_ids, positions, slots [batch]; returns logits [batch, vocab]."""
+               block_table: torch.Tensor, context_mask: torch.Tensor, dynamic_context: bool = False) -> torch.Tensor:
+        """One token per row: token_ids, positions, slots [batch], block_table [batch, pages], context_mask
+        [1, batch, 1, pages * page_size]; returns logits [batch, vocab]. `dynamic_context`: the width (pages)
+        changes from step to step, and one graph per batch bucket takes every width of 2 pages or more."""
         device = self.cos_table.device  # host-built step inputs move to the weights (no-op on the CPU)
         token_ids, positions, slots, block_table, context_mask = (
             t.to(device) for t in (token_ids, positions, slots, block_table, context_mask))
@@ -304,6 +306,9 @@ class EngineModel(nn.Module):
         for t in (x, cos, sin, slots, block_table):
             torch._dynamo.mark_static(t, 0)
         torch._dynamo.mark_static(context_mask, 1)
+        if dynamic_context:
+            torch._dynamo.maybe_mark_dynamic(block_table, 1)
+            torch._dynamo.maybe_mark_dynamic(context_mask, 3)
         step = StepInputs(prefill=False, cos=cos, sin=sin, slots=slots, block_table=block_table,
                           context_mask=context_mask, **self._step_extras(positions, False, context_mask))
         return self._head(self._layers(x, step, self._cache))

@@ -41,15 +41,16 @@ INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 
 # Dimensions dynamo treats as dynamic (engine/model.py marks them), by entry and input; the rest stay static.
 # Pools [kv_heads, pages, page_size, head_dim] grow by pages (on_demand). Prefill: prompts and their length.
-# A prompt chunk: its length, its pages and the context (mask [seqs, 1, chunk, context]). Decode: none but the
-# pools, one graph per batch bucket. Head: the rows.
+# A prompt chunk: its length, its pages and the context (mask [seqs, 1, chunk, context]). Decode: the pages its rows
+# use (block table [batch, pages], mask [1, batch, 1, context]; engine/runner.py _decode_pages), one graph per batch
+# bucket. Head: the rows.
 _POOLS = {"k_pools": (1,), "v_pools": (1,)}
 DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "prefill": {"x": (0, 1), "cos": (0, 1), "sin": (0, 1), "slots": (0, 1), "window_mask": (0, 1),
                 "causal_mask": (0, 1), "local_cos": (0, 1), "local_sin": (0, 1), **_POOLS},
     "chunk": {"x": (1,), "cos": (1,), "sin": (1,), "slots": (1,), "block_table": (1,), "context_mask": (2, 3),
               "window_mask": (2, 3), "local_cos": (1,), "local_sin": (1,), **_POOLS},
-    "decode": dict(_POOLS),
+    "decode": {"block_table": (1,), "context_mask": (3,), "window_mask": (3,), **_POOLS},
     "head": {"x": (0,)},
 }
 
