@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import torch._inductor.config
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
@@ -21,7 +22,11 @@ from autotune.engine import build as build_module
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()  # compiled code is cached per code object: each test traces Segment's entries anew
-    yield
+    # As a fresh process has it (CudaDevice.compile sets it for itself): a CPU O2 engine built by an earlier test
+    # leaves freezing on in this thread, and under it the pools marked static would be baked into the graph as
+    # constants, so that a grown pool was indexed past the end of the old one.
+    with torch._inductor.config.patch(freezing=False):
+        yield
     torch._dynamo.reset()
 
 
