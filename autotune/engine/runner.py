@@ -93,8 +93,8 @@ class Runner:
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ...]:
         """One token per row, padded to the decode bucket: token ids, positions, slots [batch], block table
-        [batch, pages_per_seq], context mask [1, batch, 1, context]. Padded rows: token 0 at position 0 of the
-        scratch page, seeing that one slot."""
+        [batch, pages] (`_decode_pages`), context mask [1, batch, 1, pages * page_size]. Padded rows: token 0 at
+        position 0 of the scratch page, seeing that one slot."""
         cache = self.cache
         batch = next(b for b in self.buckets if b >= len(seqs)) if self.pad_batch else len(seqs)
         pad = batch - len(seqs)
