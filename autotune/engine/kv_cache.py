@@ -91,10 +91,14 @@ class PagedKVCache:
             self._resize(self.num_pages + max(1, self.num_pages // 2))
         return self._free.pop()
 
+    def pages_for(self, num_tokens: int) -> int:
+        """The pages that hold `num_tokens` tokens."""
+        return -(-num_tokens // self.page_size)
+
     def pages_to_admit(self, max_tokens: int) -> int:
         """Free pages a sequence that may reach `max_tokens` tokens must find to be admitted (pool policy only:
         the others take pages as they go, growing the pools if need be)."""
-        return math.ceil(max_tokens / self.page_size) if self.policy == "pool" else 0
+        return self.pages_for(max_tokens) if self.policy == "pool" else 0
 
     @property
     def free_pages(self) -> int:
@@ -111,9 +115,9 @@ class PagedKVCache:
         if self.policy == "preallocate":
             count = self.pages_per_seq
         elif self.policy == "pool":
-            count = math.ceil(max(num_tokens, max_tokens or 0) / self.page_size)
+            count = self.pages_for(max(num_tokens, max_tokens or 0))
         else:
-            count = math.ceil(num_tokens / self.page_size)
+            count = self.pages_for(num_tokens)
         self._pages[seq_id] = [self._take_page() for _ in range(count)]
         self.peak_pages_in_use = max(self.peak_pages_in_use, self.pages_in_use)
 

@@ -85,7 +85,7 @@ class Runner:
         """Prompt positions [seq.length, end) of one sequence: token ids, starts, slots and its block table up to
         `end`, each with a leading row dimension of 1."""
         cache, start = self.cache, seq.length
-        pages = -(-end // cache.page_size)
+        pages = cache.pages_for(end)
         ids = torch.tensor([seq.request.prompt_ids[start:end]])
         slots = cache.slots(seq.seq_id, start, end)[None]
         table = torch.tensor([cache.block_row(seq.seq_id)[:pages]])
@@ -100,7 +100,7 @@ class Runner:
         pad = batch - len(seqs)
         for s in seqs:
             cache.extend(s.seq_id, s.length + 1)  # the last sampled token is written at position s.length
-        width = self._decode_pages(max(s.length for s in seqs) + 1)
+        width = self._decode_pages(seqs)
         tokens = torch.tensor([s.completion.output_ids[-1] for s in seqs] + [0] * pad)
         positions = torch.tensor([s.length for s in seqs] + [0] * pad)
         table = torch.tensor([cache.block_row(s.seq_id)[:width] for s in seqs] + [[0] * width] * pad)
@@ -110,17 +110,18 @@ class Runner:
         mask = (torch.arange(context) < (positions + 1)[:, None]).view(1, batch, 1, context)
         return tokens, positions, slots, table, mask
 
-    def _decode_pages(self, tokens: int) -> int:
-        """Block-table width of a decode step whose longest row holds `tokens` tokens. With `dynamic_context` (CPU
-        serving): the pages those rows use, so that attention reads a 200-token batch's pages rather than a 512-token
-        context's (at batch 16 on a 2-core Zen 4, 12% of the throughput), one graph per batch bucket taking every
-        width (the model marks it dynamic), and at least 2 pages: dynamo specialises a size of 1, and a width of 1
-        would be another graph, compiled on a user's request. Otherwise the whole context, every step: one static
-        graph, as trials measure it, and as captured graphs (CUDA graphs, aclgraph) want, one recording per shape."""
+    def _decode_pages(self, seqs: list[Sequence]) -> int:
+        """Block-table width of a decode step of `seqs` (each about to write position `length`). With
+        `dynamic_context` (CPU serving): the pages its longest row uses, so that attention reads a 200-token batch's
+        pages rather than a 512-token context's (at batch 16 on a 2-core Zen 4, 12% of the throughput), one graph
+        per batch bucket taking every width (the model marks it dynamic), and at least 2 pages: dynamo specialises a
+        size of 1, and a width of 1 would be another graph, compiled on a user's request. Otherwise the whole
+        context, every step: one static graph, as trials measure it, and as captured graphs (CUDA graphs, aclgraph)
+        want, one recording per shape."""
         full = self.cache.pages_per_seq
         if not self.dynamic_context:
             return full
-        return min(full, max(2, -(-tokens // self.cache.page_size)))
+        return min(full, max(2, self.cache.pages_for(max(s.length for s in seqs) + 1)))
 
     def prepare_sample(self, seqs: list[Sequence]) -> SamplingBatch:
         """Each row's sampling settings; a forced row is greedy (its choice is what the gate compares)."""
