@@ -8,8 +8,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from autotune.microarch import cpu_signature, is_microarch_word, microarch
+
 __all__ = ["cpu_model", "num_cores", "cpu_flags", "isa_level", "ISA_LEVELS", "ISA_FLAGS", "isa_caps",
-           "hardware_class", "is_legacy_class", "cpu_fingerprint"]
+           "hardware_class", "is_legacy_class", "class_note", "cpu_fingerprint"]
 
 # Instruction-set levels that change what a CPU computes natively, lowest first. "avx2": fp32 only (bf16 and fp16
 # emulated); "avx512": wider fp32; "avx512bf16": native bf16 dot products; "amx": bf16/int8 tile matmuls.
@@ -88,11 +90,13 @@ def isa_level(flags: frozenset[str] | None = None, env: Mapping[str, str] | None
     return min(levels, key=ISA_LEVELS.index)
 
 
-def hardware_class(model: str, level: str, cores: int) -> str:
-    """"cpu-amd-epyc-avx2-2c": the model's first words, the ISA level, the cores. Two machines whose bf16 is native
-    on one and emulated on the other are two classes, so that a recipe of one is never taken for the other's."""
+def hardware_class(model: str, level: str, cores: int, arch: str | None = None) -> str:
+    """"cpu-amd-epyc-zen4-avx512bf16-2c": the model's first words, the microarchitecture, the ISA level, the cores.
+    Two machines whose bf16 is native on one and emulated on the other are two classes, and so are two of one level
+    whose cores differ in speed (a Zen 4 and a Zen 5), so that a recipe of one is never taken for the other's.
+    `arch` None gives the older name, without the microarchitecture (as recipes before it were named)."""
     slug = "-".join(w for w in model.lower().replace("(r)", "").replace("(tm)", "").split()[:3] if w.isalnum())
-    return f"cpu-{slug or 'unknown'}-{level}-{cores}c"
+    return f"cpu-{slug or 'unknown'}-" + (f"{arch}-" if arch else "") + f"{level}-{cores}c"
 
 
 def is_legacy_class(name: str) -> bool:
@@ -102,6 +106,25 @@ def is_legacy_class(name: str) -> bool:
     return words[0] == "cpu" and bool(re.fullmatch(r"\d+c", words[-1])) and not _LEVEL_WORDS & set(words)
 
 
+def _lacks_microarch(name: str) -> bool:
+    words = name.split("-")
+    if words[0] == "llamacpp":  # llama.cpp's classes are a CPU class behind its name
+        words = words[1:]
+    return (words[:1] == ["cpu"] and bool(_LEVEL_WORDS & set(words))
+            and not any(is_microarch_word(w) for w in words) and "unknown" not in words)
+
+
+def class_note(name: str) -> str | None:
+    """What a reader must know of a CPU class named under an older rule, or None for a class of today's rule."""
+    if is_legacy_class(name):
+        return (f"{name} was named before classes carried the ISA level: it may come from any ISA level of that CPU "
+                "(bf16 native on one, emulated on another)")
+    if _lacks_microarch(name):
+        return (f"{name} was named before classes carried the microarchitecture: it may come from any CPU of that "
+                "ISA level (a Zen 4 and a Zen 5 of one level differ by about 1.8x per core)")
+    return None
+
+
 def cpu_fingerprint() -> dict:
     model = cpu_model()
     cores = num_cores()
@@ -109,10 +132,13 @@ def cpu_fingerprint() -> dict:
 
     flags = cpu_flags()
     level = isa_level(flags)
+    signature = cpu_signature()
+    arch = microarch(signature)
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
-        "hardware": hardware_class(model, level, cores),
-        "cpu": model, "cores": cores, "isa": torch.backends.cpu.get_cpu_capability(), "isa_level": level,
+        "hardware": hardware_class(model, level, cores, arch),
+        "cpu": model, "microarch": arch, **({"cpu_signature": signature} if signature else {}), "cores": cores,
+        "isa": torch.backends.cpu.get_cpu_capability(), "isa_level": level,
         "isa_flags": sorted(flags & set(ISA_FLAGS)), **({"isa_caps": isa_caps()} if isa_caps() else {}),
         "memory_gib": round(mem_gib, 1), "machine": platform.machine(), "os": platform.platform(terse=True),
     }

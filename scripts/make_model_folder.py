@@ -3,10 +3,14 @@ the shipped text tokenizes), to try `autotune search --model FOLDER` on a model 
 
     python scripts/make_model_folder.py qwen3-tiny-peaked OUT     # 4 layers, hidden 64, weights of std 0.5
     python scripts/make_model_folder.py gemma3-270m-random OUT    # google/gemma-3-270m's shapes, default init
+    python scripts/make_model_folder.py qwen2-0.5b-peaked OUT     # Qwen/Qwen2-0.5B's shapes, weights of std 0.2
 
 The Gemma one has the published gemma-3-270m config's shapes (18 layers, hidden 640, 4 heads, 1 KV head of 256,
 vocabulary 262,144, a 512-token sliding window on five of every six layers); its weights are random, so its
-figures are of the shapes, not of the model."""
+figures are of the shapes, not of the model. The Qwen2 one has Qwen/Qwen2-0.5B's published shapes (24 layers,
+hidden 896, 14 heads, 2 KV heads of 64, intermediate 4,864, vocabulary 151,936, tied embeddings: 494 M parameters,
+about 3.7x SmolLM2-135M); its weights have std 0.2, so that its output distributions are peaked and the accuracy
+gate decides, as on a trained model, rather than passing near-ties."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +33,11 @@ KINDS = {
         vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, initializer_range=0.5,
         tie_word_embeddings=False, **_SPECIAL)),
+    "qwen2-0.5b-peaked": ("Qwen2Config", dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        initializer_range=0.2, tie_word_embeddings=True, **_SPECIAL)),
     "gemma3-270m-random": ("Gemma3TextConfig", dict(
         vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
@@ -37,6 +46,8 @@ KINDS = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}, **_SPECIAL)),
 }
+
+SAVED_DTYPE = {"qwen2-0.5b-peaked": torch.bfloat16}
 
 
 def main() -> int:
@@ -50,7 +61,8 @@ def main() -> int:
     torch.manual_seed(args.seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(args.out)
+    # Stored as its Hub checkpoint is: the as-loaded baseline (dtype="auto") then runs in that dtype.
+    model.to(SAVED_DTYPE.get(args.kind, torch.float32)).save_pretrained(args.out)
     tokenizer_from = weights_folder(resolve_model("smollm2-135m"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_from / name, args.out / name)

@@ -8,7 +8,8 @@ from autotune.backends.sim import SimBackend
 from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.errors import UserInputError
-from autotune.host import cpu_flags, hardware_class, is_legacy_class, isa_level
+from autotune.host import class_note, cpu_flags, hardware_class, is_legacy_class, isa_level
+from autotune.microarch import cpu_signature, microarch
 from autotune.models.registry import resolve_model
 from autotune.probe.accelerators import cuda_capabilities, npu_capabilities
 from autotune.probe.capabilities import Capabilities, restrict_space
@@ -54,6 +55,36 @@ def test_class_names_carry_the_isa_level():
     assert (avx2, bf16) == ("cpu-amd-epyc-avx2-2c", "cpu-amd-epyc-avx512bf16-2c")
     assert hardware_class("Intel(R) Xeon(R) Processor", "amx", 2) == "cpu-intel-xeon-processor-amx-2c"
     assert is_legacy_class("cpu-amd-epyc-2c") and not is_legacy_class(avx2) and not is_legacy_class("cuda-h100")
+
+
+def _signature(vendor: str, family: int, model: int, stepping: int = 1) -> str:
+    return (f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+            f"model name\t: X\nstepping\t: {stepping}\n")
+
+
+@pytest.mark.parametrize("vendor, family, model, stepping, name", [
+    ("AuthenticAMD", 25, 1, 1, "zen3"),  # EPYC 7003 (Milan): the AVX2 machine
+    ("AuthenticAMD", 25, 17, 1, "zen4"),  # EPYC 9004 (Genoa): the AVX-512 bf16 machine
+    ("AuthenticAMD", 26, 2, 1, "zen5"),  # EPYC 9005 (Turin): same flags as Zen 4, about 1.8x per core
+    ("AuthenticAMD", 23, 49, 0, "zen2"),
+    ("GenuineIntel", 6, 143, 8, "sapphirerapids"),
+    ("GenuineIntel", 6, 85, 7, "cascadelake"),
+    ("GenuineIntel", 6, 85, 4, "skylake"),
+    ("AuthenticAMD", 99, 2, 0, "amd-f99m2"),  # not in the tables: named by its numbers, never guessed
+])
+def test_the_microarchitecture_comes_from_vendor_family_and_model(vendor, family, model, stepping, name):
+    assert microarch(cpu_signature(_signature(vendor, family, model, stepping))) == name
+
+
+def test_class_names_tell_a_zen4_from_a_zen5_and_older_names_say_what_they_lack():
+    zen4 = hardware_class("AMD EPYC", "avx512bf16", 2, microarch(cpu_signature(_signature("AuthenticAMD", 25, 17))))
+    zen5 = hardware_class("AMD EPYC", "avx512bf16", 2, microarch(cpu_signature(_signature("AuthenticAMD", 26, 2))))
+    assert (zen4, zen5) == ("cpu-amd-epyc-zen4-avx512bf16-2c", "cpu-amd-epyc-zen5-avx512bf16-2c")
+    assert class_note(zen4) is None and class_note(zen5) is None and class_note("cuda-h100") is None
+    assert "before classes carried the microarchitecture" in class_note("cpu-amd-epyc-avx512bf16-2c")
+    assert "before classes carried the microarchitecture" in class_note("llamacpp-cpu-amd-epyc-avx512bf16-2c")
+    assert "before classes carried the ISA level" in class_note("cpu-amd-epyc-2c")
+    assert microarch(None) == "unknown" and cpu_signature("flags\t: avx2\n") is None
 
 
 def test_avx2_offers_fp32_first_and_drops_the_emulated_precisions_with_their_figures():

@@ -13,6 +13,7 @@ from autotune.results.export import write_recipes
 from autotune.results.front import pareto_trials
 from autotune.results.tables import pareto_table
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.study.coordination import tally
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 from autotune.study.setup import enqueue_baseline
@@ -116,8 +117,9 @@ def test_resume_keeps_finished_trials_and_counts_new_ones(tmp_path):
     first = [(t.number, t.params, t.values) for t in _study(tmp_path).trials]
     run_search(_settings(tmp_path, 4), space, ScriptedBackend(), _study(tmp_path))
     again = _study(tmp_path).trials
-    assert len(again) == 7
-    assert [(t.number, t.params, t.values) for t in again[:3]] == first
+    # Repeats of a measured configuration (told its result, marked duplicate_of) cost no trial of the budget.
+    assert len([t for t in again if "duplicate_of" not in t.user_attrs]) == 7
+    assert [(t.number, t.params, t.values) for t in again[:len(first)]] == first
     assert sum(t.user_attrs.get("role") == "baseline" for t in again) == 1  # not enqueued twice
 
 
@@ -128,8 +130,10 @@ def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
     run_search(_settings(tmp_path, 1), space, backend, study)
     study.enqueue_trial(base)
     run_search(_settings(tmp_path, 1), space, backend, study)
-    assert len(backend.jobs) == 1
     assert study.trials[1].user_attrs["duplicate_of"] == 0 and study.trials[1].values == study.trials[0].values
+    # The repeat cost no trial: the second run's one trial of budget went to another configuration.
+    assert len(backend.jobs) == 2 and backend.jobs[1].config != backend.jobs[0].config
+    assert tally(study.trials)[0] == 2
 
 
 def test_cached_gate_failure_skips_the_build(tmp_path):

@@ -24,7 +24,7 @@ from autotune.models.registry import resolve_model
 from autotune.sim.hardware import load_profile
 from autotune.sim.predict import predict
 from autotune.study.settings import SearchSettings
-from autotune.study.trial_limit import FLOOR_S, predicted_seconds, trial_limit
+from autotune.study.trial_limit import CEILING_S, FLOOR_S, GRACE_S, predicted_seconds, trial_limit
 from autotune.study.workers import _settings, settings_attr
 from autotune.trial.job import Job, JobKind
 
@@ -44,9 +44,13 @@ def test_the_limit_follows_the_predicted_cost_with_a_floor_and_a_reason():
     config = DeployConfig(quant="none", dtype="bf16", batch_size=8)
     fast = trial_limit(SMOL, config, Workload(), profile, [], repeats=3, repeat_time_s=60)
     assert fast.seconds == FLOOR_S and fast.reason.startswith("the floor of 300 s")
-    slow = trial_limit(SMOL, config, Workload(), _slow(profile, 2000.0), [], repeats=3, repeat_time_s=60)
-    assert slow.seconds > 600 and slow.seconds == pytest.approx(2.5 * slow.predicted_s)
+    slow = trial_limit(SMOL, config, Workload(), _slow(profile, 500.0), [], repeats=3, repeat_time_s=60)
+    assert 600 < slow.seconds < CEILING_S and slow.seconds == pytest.approx(2.5 * slow.predicted_s)
     assert "2.5x the predicted" in slow.reason and "bench" in slow.reason and "gate" in slow.reason
+    # Past an hour, 1.5x the prediction rather than 2.5x: a long trial still fits, a hang costs less.
+    slower = trial_limit(SMOL, config, Workload(), _slow(profile, 2000.0), [], repeats=3, repeat_time_s=60)
+    assert slower.predicted_s > CEILING_S and slower.seconds == pytest.approx(1.5 * slower.predicted_s)
+    assert slower.reason.startswith("the ceiling of")
     fixed = trial_limit(SMOL, config, Workload(), profile, [], repeats=3, repeat_time_s=60, fixed_s=900)
     assert fixed.seconds == 900 and "--trial-timeout" in fixed.reason
 
@@ -121,21 +125,35 @@ def test_the_budget_counts_the_trials_not_the_set_up(tmp_path, monkeypatch):
     assert code == 0
     trials = optuna.load_study(study_name="b", storage=url).trials
     done = [t for t in trials if t.state.is_finished()]
-    assert 4 <= len(done) <= 16, len(done)  # 3 s of 0.25 s trials, none past the deadline
+    assert 4 <= len(done) <= 16, len(done)  # 3 s of 0.25 s trials
     saved = optuna.load_study(study_name="b", storage=url).user_attrs["worker_settings"]
     assert saved["deadline"] > done[0].datetime_start.timestamp()
+    assert max(t.datetime_complete.timestamp() for t in done) <= saved["deadline"] + GRACE_S  # none past it
 
 
-def test_workers_keep_to_the_studys_deadline(tmp_path):
-    settings = SearchSettings(model="m", study="s", storage="sqlite://", trials=3, timeout_s=600.0,
-                              deadline=1_900_000_000.0)
-    study = optuna.create_study()
-    study.set_user_attr("worker_settings", settings_attr(settings, "sim", "a100-80g", "space.yaml", False))
-    study.set_user_attr("target_trials", 3)
-    restored, _ = _settings(study, "sqlite://", None)
-    assert restored.deadline == settings.deadline and restored.timeout_s == 600.0
+def test_workers_keep_to_the_studys_deadline(tmp_path, monkeypatch):
+    """A worker restores the study's deadline from its storage and keeps to it: its trials hang until their limits
+    kill them, and none ends past the deadline plus the grace."""
+    from test_search_budget import HangingBackend
+    from test_study import _study
 
+    import autotune.study.trial_limit as limits
+    from autotune.space.search_space import DEFAULT_SPACE, load_space
+    from autotune.study.loop import run_search
 
+    monkeypatch.setattr(limits, "GRACE_S", 0.5)
+    deadline = time.time() + 2.0
+    settings = SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=None,
+                              timeout_s=2.0, deadline=deadline)
+    study = _study(tmp_path)
+    study.set_user_attr("worker_settings", settings_attr(settings, "scripted", None, DEFAULT_SPACE, False))
+    study.set_user_attr("target_trials", None)
+    restored, _ = _settings(study, settings.storage, None)
+    assert restored.deadline == deadline and restored.timeout_s == 2.0 and restored.trials is None
+    backend = HangingBackend()
+    run_search(restored, load_space(DEFAULT_SPACE), backend, study, target=None)
+    ended = [t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete]
+    assert backend.jobs and max(ended) <= deadline + 0.5 + 0.5
 def test_a_trial_stopped_at_its_limit_kills_its_process_group_and_keeps_its_gate(tmp_path):
     """The child starts a grandchild in its own group (as inductor's compile workers are), checkpoints its gate
     figures, then hangs; at the limit both go, and the result keeps the figures."""
@@ -181,7 +199,7 @@ def test_the_probe_and_the_trials_see_the_same_isa_caps():
 
 def test_a_pick_past_the_budget_is_recorded_not_run_and_a_queued_one_waits_for_the_next_run():
     from autotune.study.coordination import tally
-    from autotune.study.loop import _over_budget
+    from autotune.study.turns import over_budget as _over_budget
 
     study = optuna.create_study(directions=["maximize", "minimize", "minimize"])
     config = DeployConfig(quant="none", dtype="fp32")

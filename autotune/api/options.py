@@ -30,8 +30,9 @@ class SearchOptions:
     backend: str
     hardware: str | None
     space: str | Path | None
-    trials: int
+    trials: int | None
     minutes: float | None
+    patience: int | None
     study: str | None
     storage: str | None
     storage_password_file: str | Path | None
@@ -62,7 +63,11 @@ class SearchOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise UserInputError(f"{name} must be a non-empty string or None, not {value!r}")
-        for name in ("trials", "requests", "output_tokens", "repeats", "workers"):
+        for name in ("trials", "patience"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise UserInputError(f"{name} must be a positive whole number or None (no count), not {value!r}")
+        for name in ("requests", "output_tokens", "repeats", "workers"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise UserInputError(f"{name} must be a positive whole number, not {value!r}")

@@ -20,6 +20,7 @@ from autotune.study.coordination import budget_target
 from autotune.study.loop import run_search
 from autotune.study.settings import SearchSettings
 from autotune.study.setup import open_study, prepare_study
+from autotune.study.stopping import DEFAULT_PATIENCE
 from autotune.study.storage import default_storage, resolve_url
 from autotune.study.workers import SETTINGS_ATTR, run_local_workers, settings_attr
 
@@ -32,8 +33,9 @@ def search(
     backend: str = "cpu",
     hardware: str | None = None,
     space: str | Path | None = None,
-    trials: int = 8,
+    trials: int | None = None,
     minutes: float | None = 10.0,
+    patience: int | None = DEFAULT_PATIENCE,
     study: str | None = None,
     storage: str | None = None,
     storage_password_file: str | Path | None = None,
@@ -58,8 +60,10 @@ def search(
 ) -> SearchResult:
     """Search the deployment configurations of `model` on `backend` and export the Pareto front as recipes.
 
-    The budget is `trials` new trials (finished trials of a resumed study are kept and not counted) within
-    `minutes` of trials (counted from the first trial, the set-up excluded; 0 or None: no limit). The study is
+    The budget is `minutes` of trials (counted from the first trial, the set-up excluded; 0 or None: no limit),
+    and `trials` new trials where given (None: no count; finished trials of a resumed study are kept and not
+    counted). The search stops earlier only when the space is exhausted or none of the last `patience` trials
+    reached the front (None: never for that), and says which rule stopped it. The study is
     `study` (default `<model>-<backend>[-<hardware>]`) in `storage` (an SQLAlchemy URL, default
     `sqlite:///studies/<study>.db`); calling again with the same ones resumes it. Recipes go under `out`.
     `hardware` names a simulator profile (backend "sim"). The other options are those of `autotune search`
@@ -93,7 +97,7 @@ def run(options: SearchOptions) -> SearchResult:
         memory_budget_mb=options.memory_budget_mb, tpot_slo_ms=options.tpot_slo_ms, sampler=options.sampler,
         seed=options.seed, trial_timeout_s=options.trial_timeout_s, timeout_s=options.time_limit_s,
         repeats=options.repeats, repeat_time_s=options.repeat_time_s, trial_memory_mb=options.trial_memory_mb,
-        guided=options.guided,
+        guided=options.guided, patience=options.patience,
     )
     study = open_study(settings)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "

@@ -52,7 +52,9 @@ class LiveDisplay:
         self.drawn = 0  # lines of status on screen now
         self.started = time.monotonic()
         self.trial_started: float | None = None
-        self.k = self.total = self.done = 0
+        self.k = self.done = 0
+        self.total: int | None = 0
+        self.deadline: float | None = None
         self.number: int | None = None
         self.label = ""
         self.stage = "starting"
@@ -94,6 +96,7 @@ class LiveDisplay:
         with self.lock:
             if event == "trial":
                 self.k, self.total, self.number, self.label = data["k"], data["total"], data["number"], data["label"]
+                self.deadline = data.get("deadline")
                 self.stage, self.trial_started = "build", time.monotonic()
             elif event == "told":
                 self.done += 1
@@ -113,11 +116,14 @@ class LiveDisplay:
         if not self.k:
             return [f"autotune search: preparing ({_clock(elapsed)} elapsed)"]
         eta = ""
-        if self.done:
+        if self.deadline is not None:
+            eta = f", {_clock(max(self.deadline - time.time(), 0.0))} of the time budget left"
+        elif self.done and self.total:
             left = elapsed / self.done * (self.total - self.done)
             eta = f", about {_clock(left)} left"
         in_trial = _clock(now - self.trial_started) if self.trial_started else "-"
-        head = (f"trial {self.k} of {self.total} (#{self.number}) | {_clock(elapsed)} elapsed{eta} | "
+        of = f" of {self.total}" if self.total else ""
+        head = (f"trial {self.k}{of} (#{self.number}) | {_clock(elapsed)} elapsed{eta} | "
                 f"stage: {self.stage} ({in_trial}) | {self.label}")
         return [head, self.best]
 

@@ -25,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="hardware profile, for --backend sim (see autotune hardware)")
     s.add_argument("--space", default=_D["space"], help="search-space YAML (default: search_spaces/default.yaml)")
     s.add_argument("--trials", type=positive(int), default=_D["trials"],
-                   help=f"new trials to run (default {_D['trials']}: the default search then fits in 15 minutes on 2 "
-                        "cores)")
+                   help="at most this many new trials (default: no count; --timeout's budget ends the search)")
+    s.add_argument("--patience", type=positive(int), default=_D["patience"],
+                   help=f"stop once none of the last this-many trials reached the Pareto front (default "
+                        f"{_D['patience']}); the search also stops when every configuration of the space is measured")
     s.add_argument("--study", default=_D["study"], help="study name (default: <model>-<backend>)")
     s.add_argument("--storage", default=_D["storage"], help="SQLAlchemy URL (default: sqlite:///studies/<study>.db)")
     s.add_argument("--min-agreement", type=fraction, default=_D["min_agreement"], help="gate on tie-aware agreement")

@@ -18,16 +18,20 @@ from autotune import ENGINE_VERSION
 from autotune.config.deploy import DTYPES, QUANT_SCHEMES, TORCH_DTYPE_NAMES
 from autotune.errors import AutotuneError
 from autotune.host import ISA_FLAGS, cpu_flags, cpu_model, hardware_class, isa_caps, isa_level, num_cores
+from autotune.microarch import cpu_signature, microarch
 from autotune.paths import cache_root
 from autotune.probe.capabilities import EMULATED_RATIO, SLOW_KERNEL_RATIO, Capabilities, Kernel, Precision
+from autotune.probe.compile_time import measure_compile_s
 from autotune.progress import log
 
 __all__ = ["DECODE_SHAPE", "native_precisions", "decide_precisions", "decide_kernels", "measure", "cpu_capabilities",
            "probe_cache_path"]
 
-PROBE_VERSION = "1"
+PROBE_VERSION = "2"  # 2: the compile probe and the matmul rate per batch size
 # rows, in, out: the gate projection of a SmolLM2-sized decode step at batch 8 (8x576 @ 576x1536).
 DECODE_SHAPE = (8, 576, 1536)
+# The batch sizes at which the same matmul's rate is measured: the ceiling a trial's decode is read against.
+RATE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 _NATIVE_FLAGS = {"bf16": "avx512_bf16 or amx_bf16", "fp16": "avx512_fp16 or amx_fp16"}
 
 
@@ -135,6 +139,39 @@ def measure() -> dict:
     return {"threads": 1, "shape": list(DECODE_SHAPE), "plain_us": plain, "kernel_us": kernels}
 
 
+def measure_rates(dtypes: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """GFLOP/s of the decode-shaped matmul on one thread, per precision and per row count (RATE_ROWS)."""
+    import torch
+
+    _, k, n = DECODE_SHAPE
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rates: dict[str, dict[str, float]] = {}
+    try:
+        with torch.inference_mode():
+            for name in dtypes:
+                dtype = getattr(torch, TORCH_DTYPE_NAMES[name])
+                w = torch.randn(n, k, dtype=dtype)
+                rates[name] = {}
+                for rows in RATE_ROWS:
+                    x = torch.randn(rows, k, dtype=dtype)
+                    us = _median_us(partial(torch.nn.functional.linear, x, w), budget_s=0.15)
+                    rates[name][str(rows)] = round(2 * rows * k * n / us / 1e3, 2)
+    finally:
+        torch.set_num_threads(previous)
+    return rates
+
+
+def _compile_s() -> dict:
+    """The best of two timings of the small inductor compile (probe/compile_time.py): the first may pay for the
+    compiler's files coming from disk."""
+    try:
+        return {"compile_s": min(measure_compile_s() for _ in range(2))}
+    except AutotuneError as exc:
+        log(f"probe: {exc}; compile costs fall back to fixed priors")
+        return {"compile_s": None, "compile_error": str(exc)}
+
+
 def _key() -> str:
     versions = {}
     for package in ("torch", "torchao"):
@@ -142,7 +179,8 @@ def _key() -> str:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = "absent"
-    text = json.dumps([PROBE_VERSION, ENGINE_VERSION, cpu_model(), num_cores(), sorted(cpu_flags() & set(ISA_FLAGS)),
+    text = json.dumps([PROBE_VERSION, ENGINE_VERSION, cpu_model(), cpu_signature(), num_cores(),
+                       sorted(cpu_flags() & set(ISA_FLAGS)),
                        isa_caps(), versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -167,8 +205,11 @@ def cpu_capabilities(refresh: bool = False) -> Capabilities:
     offered = {p.name for p in precisions if p.offered}
     kernels = decide_kernels({k: v for k, v in figures["kernel_us"].items() if k.split("@")[1] in offered},
                              figures["plain_us"])
+    figures["rate_gflops"] = measure_rates(tuple(p.name for p in precisions if p.offered))
+    figures.update(_compile_s())
     caps = Capabilities("cpu", cpu_model(), precisions, kernels, level, tuple(sorted(flags & set(ISA_FLAGS))),
-                        {**figures, "hardware": hardware_class(cpu_model(), level, num_cores())},
+                        {**figures, "hardware": hardware_class(cpu_model(), level, num_cores(),
+                                                               microarch(cpu_signature()))},
                         round(time.perf_counter() - started, 2))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -176,4 +217,7 @@ def cpu_capabilities(refresh: bool = False) -> Capabilities:
     tmp.replace(path)
     for p in caps.precisions:
         log(f"probe: {p.name} {'offered' if p.offered else 'dropped'}: {p.why}")
+    if figures.get("compile_s") is not None:
+        log(f"probe: a small inductor compile took {figures['compile_s']:.1f} s here (compile costs are predicted "
+            "from it until the study measures its own)")
     return caps

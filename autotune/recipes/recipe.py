@@ -18,9 +18,10 @@ from autotune import __version__
 from autotune.config.deploy import DeployConfig
 from autotune.errors import UserInputError
 from autotune.gate.design import GATE_VERSION
-from autotune.host import is_legacy_class
+from autotune.host import class_note
 from autotune.progress import log
 from autotune.recipes.baselines import study_baselines
+from autotune.recipes.compute_limit import trial_compute_limit
 from autotune.redact import redact
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "seal", "dump_recipe",
@@ -65,13 +66,13 @@ class Recipe:
 
     @property
     def notes(self) -> list[str]:
-        """What to know before reading its figures here: a hardware class named before classes carried the ISA
-        level, a gate older than today's."""
+        """What to know before reading its figures here: a hardware class named under an older rule (before
+        classes carried the ISA level, or the microarchitecture), a gate older than today's."""
         out = []
         hardware = str((self.data.get("hardware") or {}).get("hardware", ""))
-        if is_legacy_class(hardware):
-            out.append(f"its hardware class {hardware} was named before classes carried the ISA level: its figures "
-                       "may come from any ISA level of that CPU (bf16 native on one, emulated on another)")
+        note = class_note(hardware)
+        if note:
+            out.append(f"its hardware class {note}")
         gate = self.data.get("gate") or {}
         if gate and gate.get("measured", True) is not False and gate.get("decode_agreement") is None:
             out.append("it was gated before the gate checked the decode path: its gate figures are not today's gate's "
@@ -122,7 +123,9 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
                     # The most sequences that ran at once (below batch_size where the pool's pages ran out first).
                     **({"concurrency_peak": bench["concurrency_peak"]} if "concurrency_peak" in bench else {}),
                     # Only where the peak also holds loading and building (benchmark/bench.py), so that it says so.
-                    **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {})},
+                    **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {}),
+                    # The decode's compute rate against this machine's measured matmul rate (sim/limit.py).
+                    **({"compute_limit": limit} if (limit := trial_compute_limit(attrs, trial.user_attrs)) else {})},
         "gate": trial.user_attrs.get("gate"),
         # The first speed baseline (as a user loads the model), and every one measured in the study.
         "baseline": {k: v for k, v in baselines[0].items() if k not in ("name", "dtype")} if baselines else None,

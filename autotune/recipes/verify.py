@@ -12,7 +12,7 @@ from autotune.backends import Backend, get_backend
 from autotune.errors import AutotuneError, UserInputError
 from autotune.gate.cache import reference_path
 from autotune.gate.corpus import EVAL_POSITIONS, eval_set_digest
-from autotune.host import is_legacy_class
+from autotune.host import class_note
 from autotune.models.registry import resolve_model
 from autotune.models.weights import model_checksum
 from autotune.progress import log
@@ -169,9 +169,8 @@ def verify(args) -> int:
     elif not recipe.simulated and where.target.hardware != backend.hardware_name():
         # Another class of the same backend: a bf16 recipe of an AVX-512 machine is emulated on an AVX2 one.
         comparable = False
-        legacy = (" (a class named before classes carried the ISA level: it may come from any ISA level of that "
-                  "CPU)" if is_legacy_class(where.target.hardware) else "")
-        print(f"verify: this recipe was measured on {where.target.hardware}{legacy}, this machine is "
+        note = class_note(where.target.hardware)
+        print(f"verify: this recipe was measured on {note or where.target.hardware}; this machine is "
               f"{backend.hardware_name()}: the figures below are NOT comparable with the recipe's; the gate is")
     diffs = fingerprint_differences(data, backend.fingerprint())
     if diffs:

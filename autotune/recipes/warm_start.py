@@ -10,7 +10,7 @@ import optuna
 import yaml
 
 from autotune.config.deploy import DeployConfig
-from autotune.host import is_legacy_class
+from autotune.host import class_note
 from autotune.progress import log
 from autotune.recipes.recipe import recipe_dir
 from autotune.space.search_space import SearchSpace
@@ -85,6 +85,7 @@ def _enqueue_class(study: optuna.Study, space: SearchSpace, folder: Path, hardwa
         tried.append(params)
         count += 1
     if count:
-        legacy = " (a class named before classes carried the ISA level)" if is_legacy_class(hardware_class) else ""
-        log(f"warm start: {count} configurations from the recipes in {folder}{legacy} are tried first")
+        note = class_note(hardware_class)
+        log(f"warm start: {count} configurations from the recipes in {folder} are tried first"
+            + (f" ({note})" if note else ""))
     return count

@@ -5,6 +5,7 @@ import optuna
 
 from autotune.config.deploy import DeployConfig
 from autotune.recipes.baselines import study_baselines
+from autotune.recipes.compute_limit import trial_compute_limit
 from autotune.results.front import pareto_trials
 
 __all__ = ["pareto_table", "study_summary"]
@@ -26,13 +27,18 @@ def _peak_mb(bench: dict) -> str:
 _PEAK_FOOTNOTE = "* peak memory not reset before the runs: it includes loading and building (see bench.peak_memory_note)"
 
 
+def _limit(attrs: dict, trial_attrs: dict) -> str:
+    limit = trial_compute_limit(attrs, trial_attrs)
+    return f"{limit['fraction']:.2f}" if limit else "-"
+
+
 def pareto_table(study: optuna.Study) -> str:
     """The front, with the gain in throughput over each speed baseline (one column per distinct measurement)."""
     trials = pareto_trials(study)
     baselines = study_baselines(study.user_attrs)
     gain_heads = [f"x{b.get('dtype') or 'base'}" for b in baselines] or ["gain"]
     header = (f"{'trial':>5}  {'configuration':<50} {'tok/s':>7} " + " ".join(f"{h:>7}" for h in gain_heads)
-              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'runs':>4}")
+              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'runs':>4} {'limit':>5}")
     lines = [header, "-" * len(header)]
     for t in trials:
         b, g = t.user_attrs["bench"], t.user_attrs.get("gate", {})
@@ -45,7 +51,7 @@ def pareto_table(study: optuna.Study) -> str:
         lines.append(f"{t.number:>5}  {label:<50} "
                      f"{b['throughput_tok_s']:>7.1f} " + " ".join(f"{c:>7}" for c in cells)
                      + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7} "
-                     f"{'-' if runs is None else runs:>4}")
+                     f"{'-' if runs is None else runs:>4} {_limit(study.user_attrs, t.user_attrs):>5}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
     for base in baselines:
@@ -53,6 +59,9 @@ def pareto_table(study: optuna.Study) -> str:
         lines.append(f"baseline {'/'.join(base['names'])}: {base.get('what', 'speed baseline')}, batch "
                      f"{base.get('batch_size', '?')}: {b['throughput_tok_s']:.1f} tok/s, TTFT p50 "
                      f"{b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, {_peak_mb(b).rstrip()} MB")
+    if trials and any(_limit(study.user_attrs, t.user_attrs) != "-" for t in trials):
+        lines.append("limit: the decode's compute rate (model FLOPs per output token x tok/s) over the probe's "
+                     "matmul rate at that batch x the threads: this machine's arithmetic ceiling")
     if any(t.user_attrs["bench"].get("repeats", 2) <= 1 for t in trials):
         lines.append("runs: timed runs of the whole workload; a point of one run has no known spread")
     benches = [t.user_attrs["bench"] for t in trials] + [base["bench"] for base in baselines]

@@ -15,7 +15,6 @@ from autotune.progress import log, notify
 from autotune.space.search_space import SearchSpace
 from autotune.study.cache_stats import record_hit_rates
 from autotune.study.coordination import (
-    NOT_RUN_ATTR,
     budget_target,
     fail_and_retry,
     heartbeat,
@@ -23,11 +22,21 @@ from autotune.study.coordination import (
     wait_for_twin,
     worker_id,
 )
-from autotune.study.guide import GUIDE_ROLE, Guide
-from autotune.study.optuna_private import frozen_trial
-from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings
+from autotune.study.guide import Guide
+from autotune.study.settings import OBJECTIVES, SearchSettings
+from autotune.study.stopping import stop_reason
 from autotune.study.storage import heartbeat_seconds
-from autotune.study.trial_limit import TrialLimit, trial_limit
+from autotune.study.trial_limit import CEILING_S, GRACE_S, TrialLimit, trial_limit
+from autotune.study.turns import (
+    GUIDED_SHARE_OF_LEFT,
+    MAX_MISSES,
+    MAX_REPEATS,
+    enqueue_first_compiled,
+    enqueue_guided,
+    enqueued,
+    over_budget,
+    typical_trial_s,
+)
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["run_search", "best_so_far"]
@@ -134,26 +143,52 @@ def _front(study: optuna.Study) -> list[dict]:
             for t in study.best_trials]
 
 
+def _probe_compile_s(study: optuna.Study) -> float | None:
+    """The capability probe's small compile on this machine (probe/compile_time.py), where the study has it."""
+    return ((study.user_attrs.get("capabilities") or {}).get("figures") or {}).get("compile_s")
+
+
+def _left_s(settings: SearchSettings) -> float | None:
+    return settings.deadline - time.time() if settings.deadline is not None else None
+
+
 def _limit(study: optuna.Study, settings: SearchSettings, guide: Guide | None, config: DeployConfig,
            gated: bool = True) -> TrialLimit:
     if guide is not None:
         guide.refit(study.get_trials(deepcopy=False))  # nothing to do unless a trial was measured since
     return trial_limit(guide.spec if guide else None, config, settings.workload, guide.profile if guide else None,
                        study.get_trials(deepcopy=False), repeats=settings.repeats,
-                       repeat_time_s=settings.repeat_time_s, fixed_s=settings.trial_timeout_s, gated=gated)
+                       repeat_time_s=settings.repeat_time_s, fixed_s=settings.trial_timeout_s, gated=gated,
+                       probe_compile_s=_probe_compile_s(study), left_s=_left_s(settings))
+
+
+def _record_cost(study: optuna.Study, trial: optuna.Trial, limit: TrialLimit, seconds: float) -> None:
+    """The trial's wall time against what was expected of it, printed and stored on the trial; the study keeps
+    the median of the errors so far (`cost_model_error`), which says how far to trust the limits and the budget."""
+    trial.set_user_attr("trial_seconds", round(seconds, 1))
+    expected = limit.expected_s
+    if not expected:
+        log(f"  took {seconds:.0f} s (no prediction)")
+        return
+    error = seconds / expected - 1.0
+    trial.set_user_attr("trial_cost", {"expected_s": round(expected, 1), "actual_s": round(seconds, 1),
+                                       "error": round(error, 3)})
+    log(f"  took {seconds:.0f} s against {expected:.0f} s predicted ({error:+.0%})")
+    errors = [t.user_attrs["trial_cost"]["error"] for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get("trial_cost")] + [error]
+    study.set_user_attr("cost_model_error", {"trials": len(errors), "median_abs": round(
+        statistics.median(abs(e) for e in errors), 3), "median": round(statistics.median(errors), 3)})
 
 
 def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, backend: Backend,
               config: DeployConfig, common: dict, guide: Guide | None) -> JobResult:
     """The trial's result: a finished twin's result reused, a cached failing gate, or the backend's run."""
-    wait_for_twin(study, trial, (settings.trial_timeout_s or SETUP_TIMEOUT_S) + 2 * heartbeat_seconds()[1])
+    wait_for_twin(study, trial, 2 * heartbeat_seconds()[1], settings.trial_timeout_s or CEILING_S)
     trial.set_user_attr("measured_under", _measured_under(settings))
     previous = _previous(study, trial.params, settings)
     if previous is not None:
-        trial.set_user_attr("duplicate_of", previous.number)
-        log(f"  same configuration as trial #{previous.number}: its result is reused")
-        status = Status.OK if previous.state == optuna.trial.TrialState.COMPLETE else Status.GATED
-        return JobResult(status, gate=previous.user_attrs.get("gate"), bench=previous.user_attrs.get("bench"))
+        log(f"  same configuration as trial #{previous.number}: its result is reused, and it is not counted")
+        return _reused(trial, previous)
     checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
     # Keyed by the numerics, the verdict's settings, the device and the threads: a cached entry's teacher-forced
     # verdict holds for this trial; its decode figures were of another batch and page size, so only a windows
@@ -170,8 +205,16 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
     log(f"  limit {limit.seconds:.0f} s: {limit.reason}")
     started = time.perf_counter()
     result = backend.run(job, limit.seconds)
-    trial.set_user_attr("trial_seconds", round(time.perf_counter() - started, 1))
+    _record_cost(study, trial, limit, time.perf_counter() - started)
     return result
+
+
+def _reused(trial: optuna.Trial, previous: optuna.trial.FrozenTrial) -> JobResult:
+    """A measured configuration's result for its repeat, which is marked `duplicate_of` and so costs no trial of
+    the budget (coordination.counted) and is never a second point on the front."""
+    trial.set_user_attr("duplicate_of", previous.number)
+    status = Status.OK if previous.state == optuna.trial.TrialState.COMPLETE else Status.GATED
+    return JobResult(status, gate=previous.user_attrs.get("gate"), bench=previous.user_attrs.get("bench"))
 
 
 def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | None) -> Callable[[DeployConfig], float]:
@@ -184,107 +227,73 @@ def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | No
         return lambda config: median
     guide.refit(trials)
 
+    probe_s = _probe_compile_s(study)
+
     def cost(config: DeployConfig) -> float:
         limit = trial_limit(guide.spec, config, settings.workload, guide.profile, trials, repeats=settings.repeats,
-                            repeat_time_s=settings.repeat_time_s)
+                            repeat_time_s=settings.repeat_time_s, probe_compile_s=probe_s)
         return limit.expected_s if limit.expected_s is not None else median
     return cost
 
 
-# A guided pick may take at most this share of the time left (or no longer than 1.5 typical trials here), so that
-# one long compile cannot end the search; never more than 90% of it.
-GUIDED_SHARE_OF_LEFT = 0.5
-
-
-# Sampler picks in a row that would end past the budget before the search gives the rest up.
-MAX_MISSES = 3
-
-
-def _typical_trial_s(study: optuna.Study) -> float:
-    """1.5x the median wall time of this study's trials (0 before any)."""
-    walls = [t.user_attrs["trial_seconds"] for t in study.get_trials(deepcopy=False)
-             if t.user_attrs.get("trial_seconds")]
-    return 1.5 * statistics.median(walls) if walls else 0.0
-
-
-def _enqueued(study: optuna.Study, trial: optuna.Trial) -> bool:
-    """Whether the trial came from the queue (baseline, warm start, guide, retry) rather than from the sampler."""
-    return "fixed_params" in frozen_trial(study, trial).system_attrs
-
-
-def _over_budget(study: optuna.Study, trial: optuna.Trial, config: DeployConfig, cost: float, left: float) -> bool:
-    """A trial that would likely end past the budget is not run: an enqueued one (the baseline, a warm start, the
-    guide's pick) is failed and queued again for the next run, which ends this one; a sampler's pick is recorded as
-    not run, with the reason, and the search goes on to the next."""
-    if cost <= left:
-        return False
-    reason = (f"not run: predicted {cost:.0f} s for {config.label()}, {max(left, 0):.0f} s left of the time budget")
-    log(f"  {reason}")
-    if _enqueued(study, trial):
-        fail_and_retry(study, trial, f"{reason}; queued again for the next run")
-    else:
-        trial.set_user_attr("reason", reason)
-        trial.set_user_attr(NOT_RUN_ATTR, True)  # not counted in the trial budget (coordination.tally)
-        study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    return True
-
-
-def _enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int,
-                    fits: Callable[[DeployConfig], bool] | None, sampler_turn: bool = True) -> bool:
-    """Unless a trial waits already (the baseline, warm starts, retries) or it is the sampler's turn, queue the
-    guide's next configuration that `fits` the time left, with what it predicts for it. False when it was the
-    guide's turn and nothing it would propose fits."""
-    if study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
-        return True
-    if sampler_turn and sampler_share and done % sampler_share == sampler_share - 1:
-        log("  this trial is the sampler's (TPE) own")
-        return True
-    started = time.perf_counter()
-    guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
-    picked = guide.next_params(study, turn=guided, fits=fits)
-    if picked is None:
-        return fits is None or guide.next_params(study, turn=guided) is None
-    params, predicted = picked
-    study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE, "predicted": predicted})
-    log(f"  guide ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted "
-        f"{predicted['throughput_tok_s']:.1f} tok/s, TPOT p99 {predicted['tpot_p99_ms']:.1f} ms, "
-        f"{predicted['peak_memory_mb']:.0f} MB")
-    return True
+def _stopped(study: optuna.Study, settings: SearchSettings, rule: str, reason: str, ran: int) -> None:
+    """Say which rule ended this run of the search and how much of its time budget it used; stored on the study
+    (`stopped_by`) so that a report or a later run can tell."""
+    used = ""
+    record: dict = {"rule": rule, "reason": reason, "trials_here": ran}
+    if settings.deadline is not None and settings.timeout_s:
+        spent = settings.timeout_s - max(settings.deadline - time.time(), 0.0)
+        used = f"; {spent:.0f} s of the {settings.timeout_s:.0f} s budget used ({spent / settings.timeout_s:.0%})"
+        record.update(used_s=round(spent, 1), budget_s=settings.timeout_s)
+    log(f"search stopped after {ran} trials here: {reason}{used}")
+    study.set_user_attr("stopped_by", record)
 
 
 def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, study: optuna.Study, *,
                target: int | None = None) -> None:
-    """Run trials until the study holds `target` done trials (default: `settings.trials` more, or the rest of an
-    interrupted campaign). Any number of workers may run this on one study at once: they share the budget and
-    never evaluate a configuration twice. Finished trials already in the study are kept (resume). On Ctrl-C or
+    """Run trials until the time budget is spent, or the study holds `target` done trials (None: `settings.trials`
+    more, or no count where that is None too), or a stop rule says the search is done (stopping.py: the space
+    exhausted, the front unmoved for `settings.patience` trials). Any number of workers may run this on one study
+    at once: they share the budget and never evaluate a configuration twice; a repeat of a measured configuration
+    is told its result and costs no trial. Finished trials already in the study are kept (resume). On Ctrl-C or
     SIGTERM the running trial is failed and enqueued again, and the interrupt goes on up. The baseline trial is
     queued by the set-up (setup.prepare_study), before any worker starts, not here."""
     if target is None:
         target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
                   tie_epsilon=settings.tie_epsilon, repeats=settings.repeats, repeat_time_s=settings.repeat_time_s)
-    patience_s = (settings.trial_timeout_s or SETUP_TIMEOUT_S) + 2 * heartbeat_seconds()[1]
+    patience_s = (settings.trial_timeout_s or CEILING_S) + GRACE_S + 2 * heartbeat_seconds()[1]
     # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
     # --no-guide it still does that, without ordering the trials.
     guide = Guide.for_backend(backend.name, settings.model, space, settings.workload)
-    started, ran, skipped, misses = time.perf_counter(), 0, False, 0
-    while (done := wait_for_slot(study, target, patience_s)) is not None:
+    started, ran, skipped, misses, repeats = time.perf_counter(), 0, False, 0, 0
+    while True:
+        done = wait_for_slot(study, target, patience_s)
+        if done is None:
+            _stopped(study, settings, "trials", f"the study's budget of {target} trials is spent", ran)
+            break
         left = settings.deadline - time.time() if settings.deadline is not None else float("inf")
         if left <= 0:
-            log(f"time budget reached after {ran} trials; run the same command again to continue")
+            _stopped(study, settings, "time", "the time budget is spent; run the same command again to continue", ran)
+            break
+        why = stop_reason(study, space, settings.patience)
+        if why is not None:
+            _stopped(study, settings, "rule", why, ran)
             break
         cost = _cost_model(study, settings, guide) if settings.deadline is not None else None
         if guide is not None and settings.guided:
             fits = None
-            if cost is not None and ran:
-                typical = _typical_trial_s(study)
+            if cost is not None:
+                typical = typical_trial_s(study)
 
                 def fits(c: DeployConfig, cost=cost, left=left, typical=typical) -> bool:
                     expected = cost(c)
                     return expected <= 0.9 * left and (expected <= GUIDED_SHARE_OF_LEFT * left or expected <= typical)
-            if not _enqueue_guided(study, guide, done, settings.sampler_share, fits, sampler_turn=not skipped):
-                log(f"time budget reached after {ran} trials: nothing the guide would try is predicted to end in the "
-                    f"{left:.0f} s left; run the same command again to continue")
+            first_compiled = cost is not None and enqueue_first_compiled(study, guide, cost, left)
+            if not first_compiled and not enqueue_guided(study, guide, done, settings.sampler_share, fits,
+                                                         sampler_turn=not skipped):
+                _stopped(study, settings, "time", f"nothing the guide would try is predicted to end in the {left:.0f} "
+                         "s left; run the same command again to continue", ran)
                 break
         trial = study.ask()
         with heartbeat(study, trial):
@@ -292,15 +301,27 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                 params = space.suggest(trial)
                 config = space.to_config(params)
                 skipped = False
-                if cost is not None and ran and _over_budget(study, trial, config, cost(config), left):
-                    if _enqueued(study, trial):
-                        log(f"time budget reached after {ran} trials; run the same command again to continue")
+                previous = None if enqueued(study, trial) else _previous(study, trial.params, settings)
+                if previous is not None:
+                    repeats += 1
+                    _tell_repeat(study, trial, settings, config, previous)
+                    skipped = True  # the next turn is the guide's: its best untried point
+                    if repeats >= MAX_REPEATS:
+                        _stopped(study, settings, "rule", f"the sampler proposed only measured configurations, "
+                                 f"{repeats} times in a row", ran)
+                        break
+                    continue
+                repeats = 0
+                if cost is not None and over_budget(study, trial, config, cost(config), left):
+                    if enqueued(study, trial):
+                        _stopped(study, settings, "time", f"the next queued trial is predicted to end past the "
+                                 f"{left:.0f} s left; run the same command again to continue", ran)
                         break
                     skipped = True  # not counted in the budget; the next turn is the guide's
                     misses += 1
                     if misses >= MAX_MISSES:
-                        log(f"time budget reached after {ran} trials: the sampler's last {misses} picks would all "
-                            "end past it; run the same command again to continue")
+                        _stopped(study, settings, "time", f"the sampler's last {misses} picks would all end past "
+                                 "the time left; run the same command again to continue", ran)
                         break
                     continue
                 misses = 0
@@ -310,8 +331,11 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                 elapsed = time.perf_counter() - started
                 eta = f", {elapsed / ran:.1f} s per trial here" if ran else ""
                 k = done + 1
-                log(f"trial {k}/{target} (#{trial.number}{eta}): {config.label()}")
-                notify("trial", k=k, total=target, number=trial.number, label=config.label())
+                of = f"/{target}" if target is not None else ""
+                budget = f", {left:.0f} s of the time budget left" if left != float("inf") else ""
+                log(f"trial {k}{of} (#{trial.number}{eta}{budget}): {config.label()}")
+                notify("trial", k=k, total=target, number=trial.number, label=config.label(),
+                       deadline=settings.deadline)
                 result = _evaluate(study, trial, settings, backend, config, common, guide)
                 log(f"  -> {_record(study, trial, settings, result)}")
             except BaseException as exc:  # Ctrl-C, SIGTERM (as KeyboardInterrupt), lost storage: retry it later
@@ -321,3 +345,18 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
         record_hit_rates(study)
         log(f"  {best_so_far(study)}")
         notify("told", study=study, number=trial.number)
+
+
+def _tell_repeat(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, config: DeployConfig,
+                 previous: optuna.trial.FrozenTrial) -> None:
+    """The sampler proposed a configuration the study has measured: it is not run and costs no trial. It is told
+    the measured result (so that the sampler learns that point as it would from a run), marked as a repeat, and
+    counted on the study (`repeats_skipped`)."""
+    trial.set_user_attr("config", config.to_dict())
+    trial.set_user_attr("label", config.label())
+    trial.set_user_attr("measured_under", _measured_under(settings))
+    trial.set_user_attr("repeat_of", previous.number)
+    log(f"  the sampler proposed {config.label()} again (trial #{previous.number}): not run, not counted; its "
+        "result is reused and the guide picks next")
+    _record(study, trial, settings, _reused(trial, previous))
+    study.set_user_attr("repeats_skipped", int(study.user_attrs.get("repeats_skipped", 0)) + 1)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from autotune.config.workload import Workload
+from autotune.study.stopping import DEFAULT_PATIENCE
 
 __all__ = ["SearchSettings", "OBJECTIVES", "SAMPLERS", "SETUP_TIMEOUT_S", "make_sampler"]
 
@@ -23,7 +24,7 @@ class SearchSettings:
     model: str
     study: str
     storage: str
-    trials: int
+    trials: int | None  # None: no count; the time budget and the stop rules (stopping.py) end the search
     workload: Workload = field(default_factory=Workload)
     min_agreement: float = 0.995
     tie_epsilon: float = 0.05
@@ -40,6 +41,8 @@ class SearchSettings:
     repeat_time_s: float = 60.0  # a trial's timed runs stop before passing this (benchmark/policy.py)
     guided: bool = True  # the simulator orders most trials (autotune/study/guide.py) where the backend has a profile
     sampler_share: int = 3  # with guidance, every this-many-th trial is the sampler's own
+    # Stop when none of the last this-many trials is on the front (stopping.py); None: only the budget stops it.
+    patience: int | None = DEFAULT_PATIENCE
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -6,7 +6,7 @@ figure that a slow machine's benchmark exceeds. `--trial-timeout` fixes it inste
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 
@@ -17,16 +17,24 @@ from autotune.models.registry import ModelSpec
 from autotune.sim.cost import step_cost
 from autotune.sim.hardware import HardwareProfile
 from autotune.sim.predict import predict, step_seconds
+from autotune.study.compile_cost import TIMED_OUT_PREFIX, compile_estimate
 
-__all__ = ["TrialLimit", "trial_limit", "predicted_seconds", "FLOOR_S", "FACTOR", "NO_PROFILE_S"]
+__all__ = ["TrialLimit", "trial_limit", "predicted_seconds", "FLOOR_S", "FACTOR", "NO_PROFILE_S", "CEILING_S",
+           "GRACE_S"]
 
 FLOOR_S = 300.0
 FACTOR = 2.5  # the limit over the (corrected) prediction: the trials' own spread and the model's error fit in it
 NO_PROFILE_S = 1800.0  # a backend without a profile (CUDA, NPU) before it has measured a trial
-# First-time costs the simulator has no terms for, until this study has measured them (seconds on 2 cores:
-# inductor compiled SmolLM2's 30 segments at O1 in ~220 s on an AVX2 EPYC; O2's freezing took 150-290 s on
-# the AVX-512 machines; a calibrated method's statistics and sensitivity took 198 s the first time).
-COMPILE_PRIOR_S = {"O0": 0.0, "O1": 300.0, "O2": 480.0}
+# Past an hour a limit is at most CEILING_FACTOR x the (corrected) prediction, not FACTOR x: a prediction that is
+# too high (a prior, a timeout's lower bound) wastes less on a hang, and a trial that is long (a big model on a
+# slow machine) can still finish.
+CEILING_S = 3600.0
+CEILING_FACTOR = 1.5
+# How far past the study's deadline a trial may run: one that started in time and runs a little long keeps its
+# result, and none ends later than deadline + GRACE_S.
+GRACE_S = 60.0
+# First-time cost the simulator has no term for, until this study has measured it: a calibrated method's
+# statistics and sensitivity (docs/measurements.md, "Calibrated quantization on SmolLM2").
 CALIBRATION_PRIOR_S = 240.0
 LOAD_S = 30.0  # process start, torch import from a cold page cache, weights
 DECODE_CHECK_POSITIONS = 1024
@@ -61,36 +69,58 @@ def predicted_seconds(spec: ModelSpec, config: DeployConfig, workload: Workload,
     return {"load_s": LOAD_S, "gate_s": gate_s if gated else 0.0, "bench_s": bench_s}
 
 
-def _measured(trials: list[optuna.trial.FrozenTrial], key: str, level: str) -> float | None:
-    values = [t.user_attrs["timing"].get(key) for t in trials if t.user_attrs.get("timing")
-              and (t.user_attrs.get("config") or {}).get("fusion_level") == level]
-    values = [v for v in values if v]
-    return max(values) if values else None
-
-
 _SIMULATED = ("load_s", "gate_s", "bench_s")
 
 
 def _correction(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int]:
-    """Median, over this study's finished trials, of their measured seconds outside compiling against the part of
-    their prediction the simulator made (load, gate, benchmark); 1.0 before any. Compile and calibration are not
-    scaled by it: they are priors or measured seconds already."""
-    ratios = []
+    """How far this study's trials ran from the part of their prediction the simulator made (load, gate,
+    benchmark), outside compiling: the median of the finished trials' ratios, raised to the largest lower bound of
+    those that timed out after their gate (their wall time was at least that); 1.0 before any. Compile and
+    calibration are not scaled by it: compile_cost.py estimates compiling, timeouts included."""
+    ratios, bounds = [], []
     for t in trials:
         limit = t.user_attrs.get("trial_limit") or {}
         parts, wall = limit.get("parts") or {}, t.user_attrs.get("trial_seconds")
         simulated = sum(parts.get(k, 0.0) for k in _SIMULATED)
-        if not wall or not simulated or not t.state.is_finished() or t.state == optuna.trial.TrialState.FAIL:
+        if not wall or not simulated or not t.state.is_finished():
             continue
-        compiled = (t.user_attrs.get("timing") or {}).get("compile_s") or 0.0
-        ratios.append(max(wall - compiled, 0.0) / simulated)
-    return (statistics.median(ratios), len(ratios)) if ratios else (1.0, 0)
+        timing = t.user_attrs.get("timing") or {}
+        compiled = timing.get("compile_s") or 0.0
+        ratio = max(wall - compiled, 0.0) / simulated
+        if t.state != optuna.trial.TrialState.FAIL:
+            ratios.append(ratio)
+        elif str(t.user_attrs.get("reason", "")).startswith(TIMED_OUT_PREFIX) and (
+                "gate_s" in timing or t.user_attrs.get("config", {}).get("fusion_level") == "O0"):
+            bounds.append(ratio)  # killed where the simulator's parts ran: they took at least this long
+    if not ratios and not bounds:
+        return 1.0, 0
+    median = statistics.median(ratios) if ratios else 1.0
+    return max([median, *bounds]), len(ratios) + len(bounds)
 
 
 def trial_limit(spec: ModelSpec | None, config: DeployConfig, workload: Workload, profile: HardwareProfile | None,
                 trials: list[optuna.trial.FrozenTrial], *, repeats: int, repeat_time_s: float,
-                fixed_s: float | None = None, gated: bool = True) -> TrialLimit:
-    """`gated` False: the gate's figures are cached and only the decode check runs (counted as the gate)."""
+                fixed_s: float | None = None, gated: bool = True, probe_compile_s: float | None = None,
+                left_s: float | None = None) -> TrialLimit:
+    """`gated` False: the gate's figures are cached and only the decode check runs (counted as the gate).
+    `probe_compile_s`: the capability probe's small compile (compile_cost.py). `left_s`: seconds to the study's
+    deadline; the limit is clamped to it plus GRACE_S, and kept under the ceiling (CEILING_S, CEILING_FACTOR)."""
+    limit = _unclamped(spec, config, workload, profile, trials, repeats=repeats, repeat_time_s=repeat_time_s,
+                       fixed_s=fixed_s, gated=gated, probe_compile_s=probe_compile_s)
+    ceiling = max(CEILING_S, CEILING_FACTOR * (limit.expected_s or 0.0))
+    if limit.predicted_s is not None and limit.seconds > ceiling:
+        limit = replace(limit, seconds=ceiling, reason=f"the ceiling of {ceiling:.0f} s (past {CEILING_S:.0f} s, "
+                                                       f"{CEILING_FACTOR}x the expected): {limit.reason}")
+    if left_s is not None and limit.seconds > max(left_s, 0.0) + GRACE_S:
+        clamped = max(left_s, 0.0) + GRACE_S
+        limit = replace(limit, seconds=clamped, reason=f"clamped to the {max(left_s, 0.0):.0f} s left of the time "
+                                                       f"budget + {GRACE_S:.0f} s grace ({limit.reason})")
+    return limit
+
+
+def _unclamped(spec: ModelSpec | None, config: DeployConfig, workload: Workload, profile: HardwareProfile | None,
+               trials: list[optuna.trial.FrozenTrial], *, repeats: int, repeat_time_s: float,
+               fixed_s: float | None, gated: bool, probe_compile_s: float | None) -> TrialLimit:
     if fixed_s:
         return TrialLimit(fixed_s, None, f"--trial-timeout {fixed_s:g} s")
     if profile is None or spec is None or config.dtype not in profile.tflops:
@@ -101,8 +131,8 @@ def trial_limit(spec: ModelSpec | None, config: DeployConfig, workload: Workload
         limit = max(FLOOR_S, FACTOR * max(walls))
         return TrialLimit(limit, None, f"{FACTOR}x the longest trial measured here ({max(walls):.0f} s)")
     parts = predicted_seconds(spec, config, workload, profile, repeats, repeat_time_s, gated)
-    compile_s = _measured(trials, "compile_s", config.fusion_level)
-    parts["compile_s"] = compile_s if compile_s is not None else COMPILE_PRIOR_S[config.fusion_level]
+    compiling = compile_estimate(config, spec.num_layers, trials, probe_compile_s, LOAD_S)
+    parts["compile_s"] = compiling.seconds
     if config.quant_method != "rtn" or config.fallback_layers:
         parts["calibration_s"] = CALIBRATION_PRIOR_S
     correction, fitted = _correction(trials)
@@ -112,7 +142,8 @@ def trial_limit(spec: ModelSpec | None, config: DeployConfig, workload: Workload
     limit = max(FLOOR_S, FACTOR * (simulated * max(correction, 1.0) + fixed))
     how = (f"{FACTOR}x the predicted {predicted:.0f} s" + (f" (load, gate and benchmark x {correction:.2f}: this "
            f"study's {fitted} trials against their predictions)" if fitted and correction > 1.0 else "")
-           + f" on {profile.label}: " + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in parts.items()))
+           + f" on {profile.label}: " + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in parts.items())
+           + (f"; compile: {compiling.how}" if compiling.seconds else ""))
     reason = how if limit > FLOOR_S else f"the floor of {FLOOR_S:.0f} s ({how})"
     return TrialLimit(limit, predicted, reason, {k: round(v, 1) for k, v in parts.items()},
                       simulated * correction + fixed)

@@ -33,7 +33,7 @@ def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, 
             "trial_timeout_s": settings.trial_timeout_s, "repeats": settings.repeats,
             "repeat_time_s": settings.repeat_time_s, "timeout_s": settings.timeout_s, "deadline": settings.deadline,
             "trial_memory_mb": settings.trial_memory_mb, "backend": backend, "hardware": hardware, "space": space,
-            "isolate": isolate, "guided": settings.guided}
+            "isolate": isolate, "guided": settings.guided, "patience": settings.patience}
 
 
 def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[SearchSettings, dict]:
@@ -42,10 +42,10 @@ def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[S
         raise UserInputError(f"study {study.study_name!r} was not started by `autotune search` (no {SETTINGS_ATTR}"
                              " attribute): start it with autotune search, then add workers")
     keys = ("model", "min_agreement", "tie_epsilon", "memory_budget_mb", "tpot_slo_ms", "sampler",
-            "trial_timeout_s", "repeats", "trial_memory_mb", "repeat_time_s", "timeout_s", "deadline")
+            "trial_timeout_s", "repeats", "trial_memory_mb", "repeat_time_s", "timeout_s", "deadline", "patience")
     # Workers with one seed would suggest the same configurations: local workers get seed + index, others none.
     seed = saved["seed"] + seed_offset if saved.get("seed") is not None and seed_offset is not None else None
-    settings = SearchSettings(study=study.study_name, storage=url, trials=0, workload=Workload(**saved["workload"]),
+    settings = SearchSettings(study=study.study_name, storage=url, trials=None, workload=Workload(**saved["workload"]),
                               seed=seed, guided=saved.get("guided", True), **{k: saved[k] for k in keys if k in saved})
     return settings, saved
 
@@ -60,7 +60,8 @@ def join_study(name: str, storage: str, password_file: str | None = None, worker
     space = backend.adapt_space(load_space(saved["space"]))
     target = study.user_attrs["target_trials"]
     name = worker_id() if worker_index is None else str(worker_index)
-    log(f"worker {name} joins study {study.study_name} in {redact(url)}: budget {target} trials")
+    budget = f"{target} trials" if target is not None else "no trial count"
+    log(f"worker {name} joins study {study.study_name} in {redact(url)}: budget {budget}")
     run_search(settings, space, backend, study, target=target)
     log(f"worker {name}: the study's budget is spent")
 

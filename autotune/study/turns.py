@@ -1,0 +1,132 @@
+"""Which configuration the next trial is, and whether it runs: the guide's pick or the sampler's, a first compiled
+build per fusion level, and the time budget each must fit."""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import optuna
+
+from autotune.config.deploy import DeployConfig
+from autotune.progress import log
+from autotune.study.coordination import NOT_RUN_ATTR, counted, fail_and_retry
+from autotune.study.guide import GUIDE_ROLE, Guide
+from autotune.study.optuna_private import frozen_trial
+
+__all__ = ["GUIDED_SHARE_OF_LEFT", "MAX_MISSES", "MAX_REPEATS", "MIN_EAGER_POINTS", "COMPILED_ROLE",
+           "typical_trial_s", "enqueued", "over_budget", "enqueue_guided", "enqueue_first_compiled"]
+
+# A guided pick may take at most this share of the time left (or no longer than 1.5 typical trials here), so that
+# one long compile cannot end the search; never more than 90% of it.
+GUIDED_SHARE_OF_LEFT = 0.5
+# Sampler picks in a row that would end past the budget before the search gives the rest up.
+MAX_MISSES = 3
+# Sampler picks in a row that repeat a measured configuration before the search takes the space as exhausted for
+# the sampler (each is told its reused result, so that TPE learns it; none costs a trial).
+MAX_REPEATS = 20
+# Eager (O0) trials measured before a first compiled build is tried: the guide's factors are refitted to them, so
+# that the compiled build it picks, and the time it is predicted to take, stand on this machine's figures.
+MIN_EAGER_POINTS = 2
+COMPILED_ROLE = "first-compiled"
+
+
+def typical_trial_s(study: optuna.Study) -> float:
+    """1.5x the median wall time of this study's trials (0 before any)."""
+    walls = [t.user_attrs["trial_seconds"] for t in study.get_trials(deepcopy=False)
+             if t.user_attrs.get("trial_seconds")]
+    return 1.5 * statistics.median(walls) if walls else 0.0
+
+
+def enqueued(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether the trial came from the queue (baseline, warm start, guide, retry) rather than from the sampler."""
+    return "fixed_params" in frozen_trial(study, trial).system_attrs
+
+
+def over_budget(study: optuna.Study, trial: optuna.Trial, config: DeployConfig, cost: float, left: float) -> bool:
+    """A trial that would likely end past the budget is not run: an enqueued one (the baseline, a warm start, the
+    guide's pick) is failed and queued again for the next run, which ends this one; a sampler's pick is recorded as
+    not run, with the reason, and the search goes on to the next."""
+    if cost <= left:
+        return False
+    reason = (f"not run: predicted {cost:.0f} s for {config.label()}, {max(left, 0):.0f} s left of the time budget")
+    log(f"  {reason}")
+    if enqueued(study, trial):
+        fail_and_retry(study, trial, f"{reason}; queued again for the next run")
+    else:
+        trial.set_user_attr("reason", reason)
+        trial.set_user_attr(NOT_RUN_ATTR, True)  # not counted in the trial budget (coordination.tally)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return True
+
+
+def _waiting(study: optuna.Study) -> bool:
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
+def _log_pick(guide: Guide, what: str, predicted: dict, started: float) -> None:
+    log(f"  {what} ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted "
+        f"{predicted['throughput_tok_s']:.1f} tok/s, TPOT p99 {predicted['tpot_p99_ms']:.1f} ms, "
+        f"{predicted['peak_memory_mb']:.0f} MB")
+
+
+def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: int,
+                   fits: Callable[[DeployConfig], bool] | None, sampler_turn: bool = True) -> bool:
+    """Unless a trial waits already (the baseline, warm starts, retries) or it is the sampler's turn, queue the
+    guide's next configuration that `fits` the time left, with what it predicts for it. False when it was the
+    guide's turn and nothing it would propose fits."""
+    if _waiting(study):
+        return True
+    if sampler_turn and sampler_share and done % sampler_share == sampler_share - 1:
+        log("  this trial is the sampler's (TPE) own")
+        return True
+    started = time.perf_counter()
+    guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
+    picked = guide.next_params(study, turn=guided, fits=fits)
+    if picked is None:
+        return fits is None or guide.next_params(study, turn=guided) is None
+    params, predicted = picked
+    study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE, "predicted": predicted})
+    _log_pick(guide, "guide", predicted, started)
+    return True
+
+
+def _levels_tried(trials: list[optuna.trial.FrozenTrial]) -> set[str]:
+    """Fusion levels of the trials that ran (a crash too), run or wait to (a retry stands for the one it replaced)."""
+    return {level for t in counted(trials)
+            if (level := (t.user_attrs.get("config") or {}).get("fusion_level")
+                or t.system_attrs.get("fixed_params", {}).get("fusion_level"))}
+
+
+def enqueue_first_compiled(study: optuna.Study, guide: Guide, cost: Callable[[DeployConfig], float],
+                           left: float) -> bool:
+    """Once MIN_EAGER_POINTS eager trials are measured, queue one build of each compiled fusion level the space
+    offers and no trial has tried yet, cheapest level first: the guide's predicted best at that level among those
+    predicted to end within 90% of the time left. The guide's usual picks weigh a compile against the trials it
+    would displace and may never choose one, though on some machines a compiled build is what wins; this is how a
+    search that can afford one learns what compiling is worth here. True when one was queued."""
+    if _waiting(study) or "fusion_level" not in {d.name for d in guide.space.dimensions}:
+        return False
+    trials = study.get_trials(deepcopy=False)
+    eager = [t for t in counted(trials) if t.state == optuna.trial.TrialState.COMPLETE
+             and (t.user_attrs.get("config") or {}).get("fusion_level") == "O0"]
+    if len(eager) < MIN_EAGER_POINTS:
+        return False
+    tried = _levels_tried(trials)
+    started = time.perf_counter()
+    picks = []
+    for level in guide.space.dimension("fusion_level").values:
+        if level == "O0" or level in tried:
+            continue
+        picked = guide.next_params(study, turn=0, fits=lambda c, level=level: c.fusion_level == level
+                                   and cost(c) <= 0.9 * left)
+        if picked is not None:
+            picks.append((cost(guide.space.to_config(picked[0])), level, picked))
+    if not picks:
+        return False
+    seconds, level, (params, predicted) = min(picks, key=lambda p: p[0])
+    study.enqueue_trial(guide.space.trial_params(params), user_attrs={
+        "role": COMPILED_ROLE, "predicted": predicted,
+        "why": f"no {level} build tried yet and one is predicted to take {seconds:.0f} s of the {left:.0f} s left"})
+    _log_pick(guide, f"first {level} build, predicted {seconds:.0f} s of the {left:.0f} s left", predicted, started)
+    return True
