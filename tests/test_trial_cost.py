@@ -146,7 +146,7 @@ def test_workers_keep_to_the_studys_deadline(tmp_path, monkeypatch):
     settings = SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=None,
                               timeout_s=2.0, deadline=deadline)
     study = _study(tmp_path)
-    study.set_user_attr("worker_settings", settings_attr(settings, "scripted", None, DEFAULT_SPACE, False))
+    study.set_user_attr("worker_settings", settings_attr(settings, "scripted", None, str(DEFAULT_SPACE), False))
     study.set_user_attr("target_trials", None)
     restored, _ = _settings(study, settings.storage, None)
     assert restored.deadline == deadline and restored.timeout_s == 2.0 and restored.trials is None

@@ -20,7 +20,9 @@ __all__ = ["SearchResult", "TrialCounts", "ParetoPoint"]
 @dataclass(frozen=True, slots=True)
 class TrialCounts:
     """Trials of the whole study (not only this call's), by state. `gated` failed the accuracy gate (Optuna's
-    PRUNED); `failed` includes trials that were not run for lack of time and interrupted ones that were retried."""
+    PRUNED); `failed` includes trials that were not run for lack of time and interrupted ones that were retried;
+    `repeats` are a sampler's repeats of a measured configuration, told its result without a run (in `complete`
+    or `gated` too, but no trial of the budget)."""
 
     total: int
     complete: int
@@ -28,14 +30,17 @@ class TrialCounts:
     failed: int
     running: int
     waiting: int
+    repeats: int
 
     @classmethod
     def of(cls, study: optuna.Study) -> TrialCounts:
-        states = [t.state for t in study.get_trials(deepcopy=False)]
+        trials = study.get_trials(deepcopy=False)
+        states = [t.state for t in trials]
         state = optuna.trial.TrialState
         return cls(total=len(states), complete=states.count(state.COMPLETE), gated=states.count(state.PRUNED),
                    failed=states.count(state.FAIL), running=states.count(state.RUNNING),
-                   waiting=states.count(state.WAITING))
+                   waiting=states.count(state.WAITING),
+                   repeats=sum("duplicate_of" in t.user_attrs for t in trials))
 
 
 @dataclass(frozen=True, slots=True)
