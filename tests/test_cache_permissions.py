@@ -74,3 +74,14 @@ def test_an_o2_server_under_a_group_writable_cache_refuses_to_start(tmp_path, mo
     with pytest.raises(UserInputError, match=f"refusing to load native code .* {cache} is writable by group"):
         build_server(load_recipe(recipe), "127.0.0.1", 0)
     assert not list(cache.rglob("*.pt2"))  # refused before anything was compiled
+
+
+def test_trials_refuse_a_writable_kernel_cache(tmp_path, monkeypatch):
+    from autotune.trial.compiler_cache import compiler_cache_env
+
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    env = compiler_cache_env()
+    assert _mode(tmp_path / "cache" / "inductor") == 0o700 and env["TORCHINDUCTOR_CACHE_DIR"].endswith("inductor")
+    os.chmod(tmp_path / "cache", 0o777)
+    with pytest.raises(UserInputError, match="writable by group"):
+        compiler_cache_env()
