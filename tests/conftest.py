@@ -88,8 +88,10 @@ def context_model_folder(tmp_path_factory, smollm2_folder):
     cache."""
     folder = tmp_path_factory.mktemp("context-llama")
     make_tiny_llama(vocab_size=49152, seed=CONTEXT_SEED).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(smollm2_folder / name, folder / name)
+    # With SmolLM2's chat template (transformers keeps it in a file of its own): /v1/chat/completions renders it.
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2_folder / name).is_file():
+            shutil.copy(smollm2_folder / name, folder / name)
     return folder
 
 

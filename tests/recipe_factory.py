@@ -72,11 +72,12 @@ def tiny_recipe(tmp: Path, model: Path, **config_kw) -> Path:
 class Served:
     """A real server on a free loopback port: HTTP and the engine loop each on a background thread."""
 
-    def __init__(self, recipe_path: Path, max_queue: int = 64, draft: bool = False) -> None:
+    def __init__(self, recipe_path: Path, max_queue: int = 64, draft: bool = False, access=None) -> None:
         from autotune.recipes.recipe import load_recipe
         from autotune.serve import build_server
 
-        self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue, draft=draft)
+        self.server = build_server(load_recipe(recipe_path), "127.0.0.1", 0, max_queue=max_queue, draft=draft,
+                                   access=access)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server.start()

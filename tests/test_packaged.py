@@ -12,6 +12,7 @@ from conftest import make_tiny_llama
 
 from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
+from autotune.engine.packaged import digests_path
 from autotune.serve.startup_cache import META, PACKAGES, StartupCache
 
 # One segment, a batch of 1: three graphs (the prefill of one prompt, the decode of one row, the head), each an
@@ -71,6 +72,7 @@ def test_a_corrupt_package_is_compiled_again_with_the_reason(first_build, tmp_pa
     copy.mkdir()
     for path in folder.iterdir():
         (copy / path.name).write_bytes(path.read_bytes())
+    digests_path(copy).write_bytes(digests_path(folder).read_bytes())  # the record beside the folder, with it
     broken = next(copy.glob("head-*.pt2"))
     broken.write_bytes(broken.read_bytes()[:-10])
     again, packaged = _greedy(copy)

@@ -102,7 +102,7 @@ def _bad_requests(served, max_seq_len: int) -> list[tuple[int, str]]:
 def _oversized(port: int) -> str:
     # Claim a body far over the limit: the server must answer 413 without reading it.
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 50000000\r\n\r\n{\"prompt\": \"")
         return sock.recv(4096).decode(errors="replace")
 
@@ -151,7 +151,8 @@ def test_openai_completions_streaming_equals_non_streaming(served, prompts):
     assert plain["usage"]["completion_tokens"] == 10 and plain["choices"][0]["finish_reason"] == "length"
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
     conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True,
-                                                        "stream_options": {"include_usage": True}}))
+                                                        "stream_options": {"include_usage": True}}),
+                 {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
     events = [line[6:] for line in resp.read().decode().split("\n\n") if line.startswith("data: ")]

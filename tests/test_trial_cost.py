@@ -74,7 +74,8 @@ def test_the_limit_learns_from_the_trials_measured_here(tmp_path):
     ran = types.SimpleNamespace(user_attrs={"trial_seconds": 3 * first.predicted_s, "trial_limit": first.to_dict()},
                                 state=optuna.trial.TrialState.COMPLETE)
     again = trial_limit(SMOL, config, Workload(), profile, [ran], repeats=3, repeat_time_s=60)  # type: ignore[list-item]
-    assert again.seconds == pytest.approx(3 * first.seconds, rel=1e-3) and "x 3.00: this study's 1 trials" in again.reason
+    assert again.seconds == pytest.approx(3 * first.seconds, rel=1e-3)
+    assert "x 3.00: this study's 1 trials" in again.reason
     assert again.expected_s == pytest.approx(3 * first.predicted_s, rel=1e-3)
     # A compile prior is not scaled by what eager trials taught: a fast machine's O0 trials do not make a compile
     # look short.

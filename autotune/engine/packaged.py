@@ -8,7 +8,11 @@ one takes milliseconds. Each segment entry (prefill, prompt chunk, decode at eac
 exported on first use with the dimensions that dynamo would treat as dynamic marked so (the rest static, as
 dynamo's graphs are), compiled, written to the folder and loaded; a later start that meets the same inputs
 (structure, dtypes, static sizes) loads the package. A package that is corrupt or cannot be loaded is compiled
-again, with the reason in the log."""
+again, with the reason in the log.
+
+A package is native code loaded into the server. It is loaded only from a private folder (paths.py `untrusted`),
+and only when its sha256 is the one in the record beside the folder (`DIGESTS`), not in the folder itself: a file
+dropped into the folder, with a metadata file of its own, is not loaded."""
 from __future__ import annotations
 
 import hashlib
@@ -27,10 +31,11 @@ from torch.utils import _pytree as pytree
 
 from autotune.engine.layers import StepInputs
 from autotune.engine.model import EngineModel, Segment
-from autotune.paths import write_atomic
+from autotune.errors import UserInputError
+from autotune.paths import private_dir, untrusted, write_atomic
 from autotune.progress import log
 
-__all__ = ["PackagedGraphs", "package_graphs"]
+__all__ = ["PackagedGraphs", "package_graphs", "digests_path"]
 
 # What torch.compile runs at O2 on the CPU (engine/build.py COMPILE_MODES): inductor's defaults, frozen. The frozen
 # constants stay inside each package's .so (AOTInductor's default): with `aot_inductor.package_constants_in_so`
@@ -95,6 +100,10 @@ class PackagedGraphs:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        private_dir(folder)
+        if (why := untrusted(folder)) is not None:
+            raise UserInputError(why)
+        self._digests = _read_digests(digests_path(folder))
         self.after_compile: Callable[[], None] | None = None
         self.num_compiled = self.num_loaded = 0
         self.compile_seconds = 0.0
@@ -121,9 +130,13 @@ class PackagedGraphs:
             package = meta_path.with_suffix(".pt2")
             try:
                 meta = json.loads(meta_path.read_text())
+                expected = self._digests.get(package.name)
+                if expected is None:
+                    raise ValueError(f"it is not in the start-up record {digests_path(self.folder)} (not compiled "
+                                     "by a start of this recipe)")
                 data = package.read_bytes()
-                if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                    raise ValueError("it does not match the checksum in its metadata (corrupt)")
+                if hashlib.sha256(data).hexdigest() != expected:
+                    raise ValueError("it does not match the checksum in the start-up record (corrupt or replaced)")
                 program = torch._inductor.aoti_load_package(str(package))
             except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
                 log(f"serve: O2 package {package.name} not used: {type(exc).__name__}: {exc}")
@@ -145,20 +158,23 @@ class PackagedGraphs:
             program = torch.export.export(module, _clone_inference(args), dynamic_shapes=dynamic_shapes,
                                           strict=False)
             pattern = _pattern(program)
-            self.folder.mkdir(parents=True, exist_ok=True)
+            private_dir(self.folder)
             stem = f"{signature}-{hashlib.sha256(json.dumps(pattern).encode()).hexdigest()[:12]}"
             fd, tmp = tempfile.mkstemp(prefix=stem, suffix=".pt2", dir=self.folder)
             os.close(fd)
             try:
                 torch._inductor.aoti_compile_and_package(program, package_path=tmp,
                                                          inductor_configs=INDUCTOR_CONFIGS)
-                meta = {"entry": name, "kind": kind, "pattern": pattern,
-                        "sha256": hashlib.sha256(Path(tmp).read_bytes()).hexdigest()}
+                meta = {"entry": name, "kind": kind, "pattern": pattern}
+                digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
                 # Package first, metadata last: a reader finds the old pair, or a checksum miss it compiles again.
                 os.replace(tmp, self.folder / f"{stem}.pt2")
             finally:
                 Path(tmp).unlink(missing_ok=True)
         write_atomic(self.folder / f"{stem}.json", json.dumps(meta, indent=1).encode())
+        # Re-read first: another start of the same recipe may have recorded packages of its own meanwhile.
+        self._digests = {**_read_digests(digests_path(self.folder)), **self._digests, f"{stem}.pt2": digest}
+        write_atomic(digests_path(self.folder), json.dumps(self._digests, indent=1, sort_keys=True).encode())
         loaded = torch._inductor.aoti_load_package(str(self.folder / f"{stem}.pt2"))
         seconds = time.perf_counter() - started
         self.num_compiled += 1
@@ -167,6 +183,19 @@ class PackagedGraphs:
         if self.after_compile is not None:
             self.after_compile()
         return pattern, loaded
+
+
+def digests_path(folder: Path) -> Path:
+    """The record of the packages' digests: beside their folder, in the start-up folder keyed by the recipe."""
+    return folder.parent / f"{folder.name}.digests.json"
+
+
+def _read_digests(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def _signature(name: str, kind: str, args: tuple, leaves: list) -> str:

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import shutil
+import subprocess
 from functools import lru_cache
 from pathlib import Path
 
 from autotune.gate.cache import numerics_versions as torch_numerics_versions
-from autotune.paths import cache_root
+from autotune.paths import cache_root, file_sha256
 
-__all__ = ["llamacpp_versions", "tools_dir", "installed", "build_id", "numerics_versions"]
+__all__ = ["llamacpp_versions", "tools_dir", "installed", "build_id", "numerics_versions", "find_llama_server",
+           "server_identity", "SERVER_FIELDS"]
+
+# What a recipe records of the llama-server that serves it and of its GGUF (recipes/recipe.py moves them from the
+# trial's versions into the recipe's deploy section; serve/llama_server.py checks them before it execs).
+SERVER_FIELDS = ("gguf_sha256", "llama_server_version", "llama_server_sha256")
 
 
 def installed() -> str | None:
@@ -48,6 +55,33 @@ def numerics_versions() -> dict[str, str | None]:
 def tools_dir(version: str | None = None) -> Path:
     """Where scripts/build_llamacpp.sh puts llama-server, llama-quantize and llama-batched-bench of a version."""
     return cache_root() / "llamacpp" / (version or installed() or "none") / "bin"
+
+
+def find_llama_server() -> Path | None:
+    """scripts/build_llamacpp.sh's llama-server (built from the same source as the installed binding), else one on
+    PATH, else None."""
+    built = tools_dir() / "llama-server"
+    if built.is_file():
+        return built
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def server_identity(gguf: Path) -> dict[str, str]:
+    """The GGUF's sha256, and the version line and sha256 of the llama-server that would serve it (where there
+    is one), as a recipe records them."""
+    out = {"gguf_sha256": file_sha256(gguf)}
+    binary = find_llama_server()
+    if binary is not None:
+        try:
+            ran = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+            text = ran.stdout + ran.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"version: unknown ({exc})"
+        out["llama_server_version"] = next((line.strip() for line in text.splitlines()
+                                            if line.startswith("version:")), "version: unknown")
+        out["llama_server_sha256"] = file_sha256(binary)
+    return out
 
 
 def llamacpp_versions() -> dict:

@@ -18,7 +18,7 @@ from autotune.gate.reference import cached_reference
 from autotune.gate.result import GateResult
 from autotune.host import num_cores
 from autotune.llamacpp.bench import benchmark_llamacpp
-from autotune.llamacpp.build_info import llamacpp_versions, numerics_versions
+from autotune.llamacpp.build_info import llamacpp_versions, numerics_versions, server_identity
 from autotune.llamacpp.config import LlamaCppConfig
 from autotune.llamacpp.engine import LlamaCppModel
 from autotune.llamacpp.gate import llamacpp_decode_check, llamacpp_gate
@@ -72,7 +72,8 @@ def _trial(job: Job) -> JobResult:
     model = LlamaCppModel(gguf_file(spec, checksum, config.gguf_type, threads))
     timing = {"build_s": time.perf_counter() - t0}
     result = JobResult(Status.OK, build_s=timing["build_s"], threads=threads, timing=timing,
-                       versions=llamacpp_versions(), what=config.server_command(str(model.path), threads))
+                       versions={**llamacpp_versions(), **server_identity(model.path)},
+                       what=config.server_command(str(model.path), threads))
     try:
         t0 = time.perf_counter()
         # The gate's context is freed before the benchmark's: its all-position logits are no part of serving.

@@ -19,9 +19,11 @@ from autotune.config.deploy import DeployConfig
 from autotune.errors import UserInputError
 from autotune.gate.design import GATE_VERSION
 from autotune.host import class_note
+from autotune.llamacpp.build_info import SERVER_FIELDS
 from autotune.progress import log
 from autotune.recipes.baselines import study_baselines
 from autotune.recipes.compute_limit import trial_compute_limit
+from autotune.recipes.signature import canonical_json, content_of, sign, signature_problem
 from autotune.redact import redact
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "seal", "dump_recipe",
@@ -113,7 +115,7 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
                   **({"architecture": attrs["model_architecture"]} if "model_architecture" in attrs else {})},
         "backend": attrs["backend"],
         "hardware": attrs["hardware"],
-        "software": trial.user_attrs.get("versions", {}),
+        "software": {k: v for k, v in trial.user_attrs.get("versions", {}).items() if k not in SERVER_FIELDS},
         "configuration": trial.user_attrs["config"],
         "quantization": _quantization(trial.user_attrs.get("quant")),
         "threads": trial.user_attrs.get("threads"),
@@ -143,6 +145,9 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     if trial.user_attrs.get("what") and recipe["configuration"].get("runtime") == "llamacpp":
         # What `autotune serve` runs for it (autotune/serve/llama_server.py), and what serves it without autotune.
         recipe["deploy"]["llama_server"] = trial.user_attrs["what"]
+        # The GGUF measured and the llama-server that serves it, checked before `autotune serve` execs it.
+        versions = trial.user_attrs.get("versions", {})
+        recipe["deploy"].update({k: versions[k] for k in SERVER_FIELDS if k in versions})
     return recipe
 
 
@@ -178,33 +183,33 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
 
-def _canonical(content: dict) -> bytes:
-    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def recipe_checksum(data: dict) -> str:
-    """sha256 of the canonical JSON of everything but the checksum itself."""
-    return "sha256:" + hashlib.sha256(_canonical({k: v for k, v in data.items() if k != "checksum"})).hexdigest()
+    """sha256 of the canonical JSON of everything but the checksum itself (and the signature)."""
+    return "sha256:" + hashlib.sha256(canonical_json(content_of(data))).hexdigest()
 
 
-def seal(recipe: dict) -> dict:
-    """The recipe as it will read back from YAML (tuples become lists), with its checksum."""
-    content = yaml.safe_load(yaml.safe_dump({k: v for k, v in recipe.items() if k != "checksum"}, sort_keys=False))
+def seal(recipe: dict, key: bytes | None = None) -> dict:
+    """The recipe as it will read back from YAML (tuples become lists), with its checksum, signed with `key`
+    where one is given (recipes/signature.py)."""
+    content = yaml.safe_load(yaml.safe_dump(content_of(recipe), sort_keys=False))
     sealed = {**content, "checksum": recipe_checksum(content)}
+    if key is not None:
+        sealed = sign(sealed, key)
     problems = _schema_problems(sealed)
     assert not problems, f"built an invalid recipe: {problems}"
     return sealed
 
 
-def dump_recipe(recipe: dict) -> str:
-    return yaml.safe_dump(seal(recipe), sort_keys=False, allow_unicode=True)
+def dump_recipe(recipe: dict, key: bytes | None = None) -> str:
+    return yaml.safe_dump(seal(recipe, key), sort_keys=False, allow_unicode=True)
 
 
-def write_recipe(path: Path, recipe: dict) -> bool:
-    """Write (sealed) unless the file already holds the same bytes; True when the file changed."""
+def write_recipe(path: Path, recipe: dict, key: bytes | None = None) -> bool:
+    """Write (sealed, signed with `key` where given) unless the file already holds the same bytes; True when the
+    file changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune serve {path}"}}
-    text = dump_recipe(recipe)
+    text = dump_recipe(recipe, key)
     if path.is_file() and path.read_text() == text:
         return False
     tmp = path.with_suffix(".yaml.tmp")
@@ -229,9 +234,10 @@ def _schema_problems(data: object) -> list[str]:
     return out
 
 
-def load_recipe(path: str | Path, *, force: bool = False) -> Recipe:
+def load_recipe(path: str | Path, *, force: bool = False, key: bytes | None = None) -> Recipe:
     """Load with safe YAML, check schema and checksum. Problems are refused unless `force`, which accepts the
-    recipe as unverified (its figures can no longer be trusted)."""
+    recipe as unverified (its figures can no longer be trusted). With `key`, a recipe not signed by it is refused,
+    `force` or not: who made it is not a figure that can be accepted unverified."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -241,6 +247,8 @@ def load_recipe(path: str | Path, *, force: bool = False) -> Recipe:
         raise RecipeInvalid(f"{path} is not valid YAML ({str(exc).splitlines()[0]}): a corrupted recipe") from None
     if not isinstance(data, dict):
         raise RecipeInvalid(f"{path} is not a recipe (expected a mapping at the top level)")
+    if key is not None and (why := signature_problem(data, key)) is not None:
+        raise RecipeInvalid(f"refusing recipe {path}: a signature is required and {why}")
     problems = []
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:

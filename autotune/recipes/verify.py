@@ -17,6 +17,7 @@ from autotune.models.registry import resolve_model
 from autotune.models.weights import model_checksum
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, load_recipe, write_recipe
+from autotune.recipes.signature import read_key
 from autotune.recipes.target import Placement, place
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
@@ -156,7 +157,8 @@ def _measured_recipe(recipe: Recipe, result: JobResult, backend: Backend, where:
 def verify(args) -> int:
     if args.tolerance < 0:
         raise UserInputError(f"--tolerance must be >= 0, not {args.tolerance}")
-    recipe = load_recipe(args.recipe, force=args.force)
+    key = read_key(args.require_signature) if getattr(args, "require_signature", None) else None
+    recipe = load_recipe(args.recipe, force=args.force, key=key)
     if not recipe.verified:
         log(f"verify: recipe accepted with --force, UNVERIFIED: {'; '.join(recipe.problems[:3])}")
     data = recipe.data
@@ -193,7 +195,7 @@ def verify(args) -> int:
     if recipe.simulated:
         assert recipe.path is not None
         out = recipe.path.with_name(recipe.path.stem + ".measured.yaml")
-        write_recipe(out, _measured_recipe(recipe, result, backend, where))
+        write_recipe(out, _measured_recipe(recipe, result, backend, where), key)  # signed as its source was
         print(f"verify: measured recipe ({where.backend}, {backend.hardware_name()}) written to {out}")
         return 0
     failed = [c.name for c in checks if not c.holds]

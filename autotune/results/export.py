@@ -19,8 +19,9 @@ __all__ = ["write_recipes"]
 _PICKS = (("best-throughput", 0, max), ("best-latency", 1, min), ("smallest-memory", 2, min))
 
 
-def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> list[Path]:
-    """One recipe per Pareto point, named by its configuration's digest, plus the named picks.
+def write_recipes(study: optuna.Study, out: str | Path, storage_url: str, key: bytes | None = None) -> list[Path]:
+    """One recipe per Pareto point, named by its configuration's digest, plus the named picks; signed with `key`
+    where one is given (recipes/signature.py).
 
     Idempotent: unchanged recipes keep their bytes; recipes of this study that left the front are removed."""
     trials = [t for t in pareto_trials(study) if exportable(t)]
@@ -34,10 +35,10 @@ def write_recipes(study: optuna.Study, out: str | Path, storage_url: str) -> lis
     for t in trials:
         recipe = build_recipe(study, t, storage_url, picks[t.number])
         path = folder / f"{DeployConfig.from_dict(t.user_attrs['config']).digest()}.yaml"
-        write_recipe(path, recipe)
+        write_recipe(path, recipe, key)
         written.append(path)
         for name in picks[t.number]:
-            write_recipe(folder / f"{name}.yaml", recipe)
+            write_recipe(folder / f"{name}.yaml", recipe, key)
             written.append(folder / f"{name}.yaml")
     _remove_stale(folder, study.study_name, set(written))
     _annotate(study, written, storage_url)

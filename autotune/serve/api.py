@@ -1,15 +1,18 @@
-"""The HTTP endpoints (FastAPI) over the engine loop: /generate, /v1/completions (with SSE streaming),
-/v1/models, /health, /metrics.
+"""The HTTP endpoints (FastAPI) over the engine loop: /generate, /v1/completions and /v1/chat/completions (with
+SSE streaming), /v1/models, /health, /metrics; behind the guard (serve/guard.py: Host, key, Content-Type, body).
 
-Handlers run on the server's event loop and never block it: a request's tokens come from the engine thread
-through `loop.call_soon_threadsafe` onto an asyncio queue of the request's own."""
+Handlers run on the server's event loop and never block it: a body is parsed and its prompt tokenized on a
+thread of their own (one: tokenizing takes the CPU the engine steps on), and a request's tokens come from the
+engine thread through `loop.call_soon_threadsafe` onto an asyncio queue of the request's own."""
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -20,18 +23,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from autotune.engine import Request as EngineRequest
 from autotune.engine import Sampling
 from autotune.serve.engine_loop import EngineLoop, Event, Handle, Overloaded, ServingStopped
+from autotune.serve.guard import OUTCOME, Access, Guard, allowed_hosts
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import (
     ApiError,
+    ChatRequest,
     CompletionRequest,
     GenerateRequest,
     GenerationParams,
     Limits,
+    chat_params,
     completion_params,
     generate_params,
     parse_body,
 )
 from autotune.serve.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
     Choice,
     CompletionChunk,
     CompletionResponse,
@@ -50,7 +62,9 @@ __all__ = ["ServingApp", "create_app"]
 # A request that has produced nothing for this long is failed (the engine is stuck or far overloaded).
 _TOKEN_TIMEOUT_S = 300.0
 # Where a handler leaves the status a finished stream really had (its 200 was sent before it failed).
-_OUTCOME = "autotune.outcome"
+_OUTCOME = OUTCOME
+# What a response is shaped as: /generate's own, OpenAI's completion, OpenAI's chat completion.
+Shape = Literal["generate", "completion", "chat"]
 
 
 @dataclass(slots=True)
@@ -63,9 +77,23 @@ class ServingApp:
     model_name: str
     info: dict
     metrics: ServerMetrics
+    parser: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="autotune-parse"))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The messages as the prompt of the model's chat template, the assistant's turn opened (as
+        transformers' apply_chat_template renders them; its special tokens are text, which encode() maps)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(400, f"the tokenizer of {self.model_name} has no chat template: use /v1/completions "
+                                "with a prompt of your own")
+        try:
+            return self.tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+                messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001  jinja's errors, raise_exception() of the template itself
+            raise ApiError(400, f"the chat template refused these messages: {str(exc)[:200]}") from None
 
     def request(self, params: GenerationParams) -> EngineRequest:
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -118,28 +146,20 @@ class _EventStream(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-async def _body(request: Request, limits: Limits) -> bytes:
-    """The raw body, refused unread (and the connection closed) when it is missing a length or too large."""
-    close = {"Connection": "close"}
-    length_text = request.headers.get("content-length")
-    if length_text is None:
-        raise ApiError(411, "Content-Length is required (chunked bodies are not accepted)", headers=close)
-    length = int(length_text)  # the HTTP parser refused a malformed one already
-    if length > limits.max_body_bytes:
-        raise ApiError(413, f"body of {length} bytes exceeds the limit of {limits.max_body_bytes} bytes",
-                       headers=close)
-    return await request.body()
-
-
 def _schema(model: type[BaseModel]) -> dict:
     # The handlers read and check their bodies themselves (limits first, then the model): say so in the OpenAPI.
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
-def create_app(serving: ServingApp) -> FastAPI:
-    """The FastAPI application of one served recipe."""
+def create_app(serving: ServingApp, access: Access | None = None, hosts: frozenset[str] | None = None) -> FastAPI:
+    """The FastAPI application of one served recipe, answering under `hosts` (default: the local names)."""
     # No /docs: its page loads scripts from a CDN. A trailing slash is another path (404), not a redirect.
     app = FastAPI(title="autotune serve", docs_url=None, redoc_url=None, redirect_slashes=False)
+    access = access or Access()
+    # The last added runs first: accounting sees every answer, the guard's refusals included.
+    app.add_middleware(Guard, hosts=hosts or allowed_hosts("127.0.0.1", access.allowed_hosts), access=access,
+                       max_body_bytes=serving.limits.max_body_bytes, refused=serving.metrics.refuse,
+                       body_paths=("/generate", "/v1/completions", "/v1/chat/completions"))
     app.add_middleware(_Accounting, metrics=serving.metrics)
     engine_loop = serving.engine_loop
 
@@ -167,37 +187,47 @@ def create_app(serving: ServingApp) -> FastAPI:
 
     @app.post("/generate", response_model=GenerateResponse, responses={400: {"model": ErrorResponse}},
               openapi_extra=_schema(GenerateRequest))
-    async def generate(request: Request) -> Response | GenerateResponse | CompletionResponse:
-        return await _serve(request, lambda raw: generate_params(parse_body(GenerateRequest, raw), serving.limits,
-                                                                 serving.encode))
+    async def generate(request: Request) -> Response | BaseModel:
+        return await _serve(request, "generate", lambda raw: generate_params(parse_body(GenerateRequest, raw),
+                                                                             serving.limits, serving.encode))
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}},
               openapi_extra=_schema(CompletionRequest))
-    async def completions(request: Request) -> Response | GenerateResponse | CompletionResponse:
-        return await _serve(request, lambda raw: completion_params(parse_body(CompletionRequest, raw),
-                                                                   serving.limits, serving.encode))
+    async def completions(request: Request) -> Response | BaseModel:
+        return await _serve(request, "completion", lambda raw: completion_params(
+            parse_body(CompletionRequest, raw), serving.limits, serving.encode))
 
-    async def _serve(request: Request, parse: Callable[[bytes], GenerationParams]
-                     ) -> Response | GenerateResponse | CompletionResponse:
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses={400: {"model": ErrorResponse}}, openapi_extra=_schema(ChatRequest))
+    async def chat_completions(request: Request) -> Response | BaseModel:
+        return await _serve(request, "chat", lambda raw: chat_params(
+            parse_body(ChatRequest, raw), serving.limits, serving.encode, serving.render_chat))
+
+    async def _serve(request: Request, shape: Shape, parse: Callable[[bytes], GenerationParams]
+                     ) -> Response | BaseModel:
         events: asyncio.Queue[Event] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
         try:
-            params = parse(await _body(request, serving.limits))
+            # The guard has read the body whole; parsing and tokenizing it would hold the event loop.
+            params = await loop.run_in_executor(serving.parser, parse, await request.body())
             # Events are put on the queue on this loop's thread, all of an engine step's in one wake-up.
             handle = engine_loop.submit(serving.request(params), events.put_nowait, post=loop.call_soon_threadsafe)
         except ApiError as exc:
+            if exc.reason:
+                serving.metrics.refuse(exc.reason)
             return _error(exc)
         except Overloaded as exc:
+            serving.metrics.refuse("overloaded")
             return _error(ApiError(503, str(exc), "overloaded", {"Retry-After": "1"}))
         except ServingStopped as exc:
             return _error(ApiError(503, str(exc), "unavailable"))
-        run = _Run(serving, params, handle, events)
+        run = _Run(serving, params, handle, events, shape)
         if params.stream:
             return _EventStream(run.sse(request.scope[_OUTCOME]),
                                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            return await run.complete(request.url.path == "/generate")
+            return await run.complete()
         except ApiError as exc:
             return _error(exc)
 
@@ -208,10 +238,11 @@ class _Run:
     """One admitted request: its events turned into text, then into a response or a stream of events."""
 
     def __init__(self, serving: ServingApp, params: GenerationParams, handle: Handle,
-                 events: asyncio.Queue[Event]) -> None:
-        self.serving, self.params, self.handle, self.events = serving, params, handle, events
+                 events: asyncio.Queue[Event], shape: Shape = "completion") -> None:
+        self.serving, self.params, self.handle, self.events, self.shape = serving, params, handle, events, shape
         self.text = TextStream(serving.tokenizer, params.stop)
-        self.ident, self.created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        prefix = "chatcmpl" if shape == "chat" else "cmpl"
+        self.ident, self.created = f"{prefix}-{uuid.uuid4().hex[:24]}", int(time.time())
 
     async def _next(self) -> Event:
         if not self.events.empty():  # the common case under load: no wait, no timer
@@ -237,7 +268,7 @@ class _Run:
             else:
                 raise ApiError(500, str(value), "server_error")
 
-    async def complete(self, generate: bool) -> GenerateResponse | CompletionResponse:
+    async def complete(self) -> GenerateResponse | CompletionResponse | ChatCompletionResponse:
         finish = "length"
         try:
             async for _, reason in self.deltas():
@@ -249,34 +280,47 @@ class _Run:
         assert c is not None
         self.serving.metrics.answered(c, finish)
         n_in, n_out = len(self.params.prompt_ids), len(c.output_ids)
-        if generate:
+        usage = Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out)
+        if self.shape == "chat":
+            return ChatCompletionResponse(id=self.ident, created=self.created, model=self.serving.model_name,
+                                          choices=[ChatChoice(message=AssistantMessage(content=self.text.text),
+                                                              finish_reason=finish)], usage=usage)
+        if self.shape == "generate":
             tpot = c.tpot
             return GenerateResponse(text=self.text.text, token_ids=list(c.output_ids), prompt_tokens=n_in,
                                     completion_tokens=n_out, finish_reason=finish,
                                     timings=Timings(ttft_ms=c.ttft * 1e3, tpot_ms=None if tpot is None else tpot * 1e3,
                                                     total_ms=(time.perf_counter() - c.arrival) * 1e3))
         return CompletionResponse(id=self.ident, created=self.created, model=self.serving.model_name,
-                                  choices=[Choice(text=self.text.text, finish_reason=finish)],
-                                  usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out))
+                                  choices=[Choice(text=self.text.text, finish_reason=finish)], usage=usage)
 
     def _event(self, chunk: BaseModel) -> bytes:
         return b"data: " + chunk.model_dump_json().encode() + b"\n\n"
 
+    def _chunk(self, delta: str | None, finish: str | None, first: bool = False,
+               usage: Usage | None = None) -> BaseModel:
+        """One event of the stream in the request's shape; `delta` None: the usage event, with no choice."""
+        head = dict(id=self.ident, created=self.created, model=self.serving.model_name, usage=usage)
+        if self.shape == "chat":
+            choices = [] if delta is None else [ChatChunkChoice(
+                delta=ChatDelta(role="assistant" if first else None, content=delta), finish_reason=finish)]
+            return ChatCompletionChunk(**head, choices=choices)
+        return CompletionChunk(**head, choices=[] if delta is None else [Choice(text=delta, finish_reason=finish)])
+
     async def sse(self, outcome: dict) -> AsyncIterator[bytes]:
         """Server-sent events, one per token (even an empty delta, so that clients can time every token), then the
         usage if asked, then [DONE]. An error after the 200 is an event of its own, and the status counted."""
-        ended = False
+        ended, first = False, True
         try:
             async for delta, finish in self.deltas():
-                yield self._event(CompletionChunk(id=self.ident, created=self.created, model=self.serving.model_name,
-                                                  choices=[Choice(text=delta, finish_reason=finish)]))
+                yield self._event(self._chunk(delta, finish, first))
+                first = False
             c = self.handle.completion
             assert c is not None
             n_in, n_out = len(self.params.prompt_ids), len(c.output_ids)
             if self.params.include_usage:
-                yield self._event(CompletionChunk(
-                    id=self.ident, created=self.created, model=self.serving.model_name, choices=[],
-                    usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out)))
+                yield self._event(self._chunk(None, None, usage=Usage(prompt_tokens=n_in, completion_tokens=n_out,
+                                                                      total_tokens=n_in + n_out)))
             yield b"data: [DONE]\n\n"
             ended = True
             self.serving.metrics.answered(c, finish or "length")

@@ -21,9 +21,10 @@ from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
 from autotune.serve.api import ServingApp
 from autotune.serve.engine_loop import EngineLoop
+from autotune.serve.guard import Access
 from autotune.serve.llama_server import serve_with_llama_server
 from autotune.serve.metrics import ServerMetrics
-from autotune.serve.protocol import Limits
+from autotune.serve.protocol import Limits, prompt_bytes_for
 from autotune.serve.server import ServingServer
 from autotune.serve.startup_cache import StartupCache
 
@@ -76,7 +77,8 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
 
 
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
-                 force: bool = False, draft: bool = False, *, engine_here: bool = False) -> ServingServer:
+                 force: bool = False, draft: bool = False, *, engine_here: bool = False,
+                 access: Access | None = None) -> ServingServer:
     """A ready server (engine built and warmed up, port bound: `server.server_address`); start() serves HTTP on a
     thread of its own, stop() ends it. `draft` accepts a simulated recipe (placement()). The engine loop runs on a
     thread of its own, unless `engine_here`: then the caller runs it on this thread, which built the engine
@@ -101,10 +103,11 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,
             "metrics_source": recipe.data["metrics"]["source"], "backend": where.backend,
             "draft": recipe.simulated}
-    app = ServingApp(engine_loop, tokenizer, Limits(max_seq_len), Path(recipe.model).name, info,
+    limits = Limits(max_seq_len, max_prompt_bytes=prompt_bytes_for(tokenizer, max_seq_len))
+    app = ServingApp(engine_loop, tokenizer, limits, Path(recipe.model).name, info,
                      ServerMetrics(engine_loop))
     try:
-        return ServingServer((host, port), app)
+        return ServingServer((host, port), app, access)
     except OSError as exc:
         engine_loop.stop()
         raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
@@ -114,19 +117,23 @@ def _raise_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False) -> int:
+def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False,
+                  access: Access | None = None) -> int:
+    access = access or Access()
+    if host not in LOOPBACK:
+        key = "with" if access.api_key else "WITHOUT"
+        log(f"serve: listening on {host}, not only loopback, {key} an API key: anyone who can reach this machine "
+            f"{'and has the key ' if access.api_key else ''}can use it")
     if recipe.config.runtime == "llamacpp":
         placement(recipe, draft)  # llama-cpp-python missing here: refused in one line, as for any backend
-        return serve_with_llama_server(recipe, host, port, force)
+        return serve_with_llama_server(recipe, host, port, force, api_key=access.api_key)
     # One tokenizer call at a time per request: a Rust thread pool of its own would only take CPU from the engine.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if host not in LOOPBACK:
-        log(f"serve: listening on {host}, not only loopback: anyone who can reach this machine can use it")
-    server = build_server(recipe, host, port, max_queue, force, draft, engine_here=True)
+    server = build_server(recipe, host, port, max_queue, force, draft, engine_here=True, access=access)
     if not recipe.verified:
         log("serve: this recipe is UNVERIFIED (accepted with --force): its figures may not hold")
     print(f"serving {recipe.path} on http://{host}:{server.server_address[1]} "
-          f"(POST /generate, POST /v1/completions, GET /health, GET /metrics)", flush=True)
+          f"(POST /generate, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics)", flush=True)
     # HTTP on an event loop of another thread; the engine stays on this one, which built it.
     server.start()
     # SIGTERM (a process manager stopping us) shuts down as Ctrl-C does.

@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import ipaddress
 import json
+import os
 import random
 import socket
 import time
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 from autotune.errors import UserInputError
+from autotune.serve.guard import API_KEY_ENV
 
 __all__ = ["Outcome", "check_loopback", "one_request", "run_level", "run_loadtest", "format_table"]
 
@@ -51,7 +53,8 @@ def check_loopback(url: str) -> tuple[str, int]:
 def _model_id(host: str, port: int) -> str | None:
     try:
         conn = http.client.HTTPConnection(host, port, timeout=10)
-        conn.request("GET", "/v1/models")
+        key = os.environ.get(API_KEY_ENV)
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {})
         resp = conn.getresponse()
         data = json.loads(resp.read()) if resp.status == 200 else {}
         conn.close()
@@ -77,8 +80,11 @@ async def _stream(host: str, port: int, body: dict, started: float) -> Outcome:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         payload = json.dumps(body).encode()
+        # A server started with an API key (serve/guard.py) is sent the same key, from the same variable.
+        key = os.environ.get(API_KEY_ENV)
+        auth = f"Authorization: Bearer {key}\r\n" if key else ""
         writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+                     f"{auth}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
         await writer.drain()
         status, headers = await _head(reader)
         chunks = _body(reader, headers)

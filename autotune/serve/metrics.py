@@ -15,7 +15,8 @@ __all__ = ["ServerMetrics", "ENDPOINTS", "OTHER"]
 
 # Label values of the request counter: any other path is counted as OTHER, so that a scanner requesting random
 # paths adds no series (and no path, quotes and all, ever reaches the exposition text).
-ENDPOINTS = ("/generate", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json")
+ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+             "/openapi.json")
 OTHER = "other"
 
 # vLLM's buckets, with finer ones at the low end: a CPU decode step of a small model takes a few milliseconds.
@@ -62,6 +63,9 @@ class ServerMetrics:
         self.requests = Counter("autotune:requests", "HTTP requests by endpoint and status code (a stream that "
                                 "failed or was left by its client after its 200 counts its error, or 499).",
                                 ["endpoint", "code"], registry=registry)
+        self.refused = Counter("autotune:requests_refused", "Requests refused before generation, by reason (host, "
+                               "auth, content_type, length, body_timeout, header_timeout, connections, "
+                               "prompt_bytes, stop_strings, overloaded).", ["reason"], registry=registry)
         self.success = Counter("autotune:request_success", "Requests answered, by why generation ended.",
                                ["finished_reason"], registry=registry)
         self.prompt_tokens = Counter("autotune:prompt_tokens", "Prompt tokens of answered requests.",
@@ -78,6 +82,9 @@ class ServerMetrics:
 
     def count(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else OTHER, str(status)).inc()
+
+    def refuse(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
 
     def answered(self, completion: Completion, finish_reason: str) -> None:
         """A request answered in full: its tokens and latencies."""

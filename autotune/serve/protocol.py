@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ApiError", "GenerationParams", "Limits", "GenerateRequest", "CompletionRequest", "parse_body",
-           "generate_params", "completion_params"]
+__all__ = ["ApiError", "GenerationParams", "Limits", "prompt_bytes_for", "GenerateRequest", "CompletionRequest",
+           "ChatRequest", "parse_body", "generate_params", "completion_params", "chat_params", "check_prompt_bytes"]
 
-_MAX_STOPS = 4
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
@@ -19,15 +18,33 @@ class ApiError(Exception):
     """A request the server refuses: HTTP `status` and a reason the client can act on."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.headers = status, message, kind, headers
+        self.reason = reason  # the refusal's label in /metrics (autotune:requests_refused), where it has one
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """What one request may ask. `max_prompt_bytes` bounds the prompt before it is tokenized: a prompt that fits
+    `max_seq_len` tokens is at most that many times the longest token's bytes (`prompt_bytes_for`). Stop strings
+    are bounded in number and length: holding back a tail that may begin one costs the square of its length per
+    token (serve/text.py)."""
+
     max_seq_len: int
     max_body_bytes: int = 1 << 20
+    max_prompt_bytes: int = 1 << 20
+    max_stops: int = 4
+    max_stop_chars: int = 64
+
+
+def prompt_bytes_for(tokenizer: object, max_seq_len: int) -> int:
+    """The most bytes a prompt of `max_seq_len` tokens can have: tokens times the longest token's UTF-8 bytes (a
+    byte-level token's characters, a sentencepiece piece's, or an added token's text, are never fewer bytes than
+    the text the token stands for), times 4, the most bytes of a character, which a normalizer may fold into one."""
+    vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
+    longest = max((len(token.encode()) for token in vocab), default=1)
+    return max_seq_len * max(longest, 1) * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +78,12 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class CompletionRequest(BaseModel):
-    """POST /v1/completions, as OpenAI defines it (max_tokens 16 and temperature 1 by default), with vLLM's
-    min_tokens and ignore_eos, which load generators use to fix output lengths. Fields this server does not
-    implement are refused when they would change the answer (n, best_of, echo, logprobs, suffix), ignored
-    otherwise (user, presence_penalty, ...)."""
+class _OpenAIRequest(BaseModel):
+    """What OpenAI's completion and chat completion bodies share (max_tokens 16 and temperature 1 by default), with
+    vLLM's min_tokens and ignore_eos, which load generators use to fix output lengths. Fields this server does not
+    implement are refused when they would change the answer, ignored otherwise (user, presence_penalty, ...)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
-    prompt: str | list[str]
     model: str | None = None
     max_tokens: int | None = None  # 16
     min_tokens: int | None = None
@@ -80,10 +95,46 @@ class CompletionRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: Any = None
+    logprobs: Any = None
+
+
+class CompletionRequest(_OpenAIRequest):
+    """POST /v1/completions, as OpenAI defines it; refused where they would change the answer: n, best_of, echo,
+    logprobs, suffix."""
+
+    prompt: str | list[str]
     best_of: Any = None
     echo: Any = None
-    logprobs: Any = None
     suffix: Any = None
+
+
+class ChatMessage(BaseModel):
+    """One message; its content a string or OpenAI's list of parts, of which only text parts are taken."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in self.content):
+            raise ApiError(400, "message content parts must be of type 'text' with a string 'text' (this server "
+                                "serves a text model)")
+        return "".join(part["text"] for part in self.content)
+
+
+class ChatRequest(_OpenAIRequest):
+    """POST /v1/chat/completions, as OpenAI defines it: the messages are rendered with the tokenizer's chat template
+    (the assistant's turn opened), max_completion_tokens (or the older max_tokens) bounds the answer. Refused where
+    they would change the answer: n, logprobs, top_logprobs, tools, tool_choice, a non-text response_format."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    response_format: Any = None
 
 
 def parse_body(model: type[_Body], raw: bytes) -> _Body:
@@ -109,30 +160,43 @@ def _explain(exc: ValidationError, model: type[BaseModel]) -> str:
     if kind == "missing":
         return f"missing field {name!r}"
     if name == "stop":
-        return _STOP_RULE
+        return _STOP_RULE.format(max_stops=Limits.max_stops, max_stop_chars=Limits.max_stop_chars)
     value = first.get("input")
+    if name == "messages" and len(loc) > 2:  # a field of one message: say which
+        name = f"messages[{loc[1]}].{loc[2]}"
     return f"field {name!r}: {first['msg'].lower()}, not {type(value).__name__} {value!r}"
 
 
-_STOP_RULE = f"field 'stop' must be a non-empty string or a list of at most {_MAX_STOPS} of them"
+_STOP_RULE = ("field 'stop' must be a non-empty string or a list of at most {max_stops} of them, each of at most "
+              "{max_stop_chars} characters")
 
 
-def _stops(value: str | list[str] | None) -> tuple[str, ...]:
+def _stops(value: str | list[str] | None, limits: Limits) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else list(value or [])
-    if len(stops) > _MAX_STOPS or not all(stops):
-        raise ApiError(400, _STOP_RULE)
+    if len(stops) > limits.max_stops or not all(stops) or any(len(s) > limits.max_stop_chars for s in stops):
+        raise ApiError(400, _STOP_RULE.format(max_stops=limits.max_stops, max_stop_chars=limits.max_stop_chars),
+                       reason="stop_strings")
     return tuple(stops)
 
 
-def _common(body: GenerateRequest | CompletionRequest, prompt: str, max_new_tokens: int, default_temperature: float,
-            limits: Limits, encode: Callable[[str], list[int]]) -> dict:
+def check_prompt_bytes(prompt: str, limits: Limits) -> None:
+    """Refuse a prompt too long to fit before it is tokenized (tokenizing a megabyte takes the CPU for long)."""
+    size = len(prompt.encode("utf-8", "surrogatepass"))
+    if size > limits.max_prompt_bytes:
+        raise ApiError(400, f"the prompt has {size} bytes; no prompt over {limits.max_prompt_bytes} bytes fits the "
+                            f"{limits.max_seq_len} tokens this recipe serves", reason="prompt_bytes")
+
+
+def _common(body: GenerateRequest | CompletionRequest | ChatRequest, prompt: str, max_new_tokens: int,
+            default_temperature: float, limits: Limits, encode: Callable[[str], list[int]]) -> dict:
     temperature = default_temperature if body.temperature is None else body.temperature
     if not 0.0 <= temperature <= 10.0:
         raise ApiError(400, f"temperature must be between 0 and 10, not {temperature}")
     top_p = 1.0 if body.top_p is None else body.top_p
     if not 0.0 < top_p <= 1.0:
         raise ApiError(400, f"top_p must be in (0, 1], not {top_p}")
-    stop = _stops(body.stop)
+    stop = _stops(body.stop, limits)
+    check_prompt_bytes(prompt, limits)
     ids = encode(prompt)
     if not ids:
         raise ApiError(400, "the prompt is empty")
@@ -163,9 +227,31 @@ def completion_params(body: CompletionRequest, limits: Limits,
         if getattr(body, name) not in (neutral, None):
             raise ApiError(400, f"field {name!r} is not supported by this server (only {neutral!r})")
     max_new_tokens = 16 if body.max_tokens is None else body.max_tokens
+    return _openai(body, prompt, max_new_tokens, limits, encode)
+
+
+def _openai(body: CompletionRequest | ChatRequest, prompt: str, max_new_tokens: int, limits: Limits,
+            encode: Callable[[str], list[int]]) -> GenerationParams:
     min_tokens = max_new_tokens if body.ignore_eos else body.min_tokens or 0
     if not 0 <= min_tokens <= max_new_tokens:
         raise ApiError(400, f"min_tokens must be between 0 and max_tokens ({max_new_tokens}), not {min_tokens}")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return GenerationParams(**_common(body, prompt, max_new_tokens, 1.0, limits, encode), stream=bool(body.stream),
                             include_usage=include_usage, min_new_tokens=min_tokens)
+
+
+def chat_params(body: ChatRequest, limits: Limits, encode: Callable[[str], list[int]],
+                render: Callable[[list[dict[str, str]]], str]) -> GenerationParams:
+    """`render`: the messages as the model's prompt (its chat template, the assistant's turn opened)."""
+    if not body.messages:
+        raise ApiError(400, "messages must hold at least one message")
+    for name in ("n", "logprobs", "top_logprobs", "tools", "tool_choice"):
+        if getattr(body, name) not in (None, 1, False, []):
+            raise ApiError(400, f"field {name!r} is not supported by this server")
+    if body.response_format not in (None, {"type": "text"}):
+        raise ApiError(400, "only response_format {'type': 'text'} is supported by this server")
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    # The template only adds to the messages: too many bytes in them is too many in the prompt, refused unrendered.
+    check_prompt_bytes("".join(m["content"] for m in messages), limits)
+    chosen = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return _openai(body, render(messages), 16 if chosen is None else chosen, limits, encode)

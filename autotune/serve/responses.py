@@ -6,7 +6,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 __all__ = ["ErrorResponse", "GenerateResponse", "Timings", "CompletionResponse", "CompletionChunk", "Choice",
-           "Usage", "ModelList", "ModelCard", "HealthResponse"]
+           "Usage", "ModelList", "ModelCard", "HealthResponse", "ChatCompletionResponse", "ChatCompletionChunk",
+           "ChatChoice", "ChatChunkChoice", "AssistantMessage", "ChatDelta"]
 
 
 class ErrorInfo(BaseModel):
@@ -65,6 +66,50 @@ class CompletionChunk(BaseModel):
 
 class CompletionResponse(CompletionChunk):
     usage: Usage | None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    """The first event's delta names the role; each later one carries the new text."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

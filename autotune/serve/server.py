@@ -9,6 +9,7 @@ import time
 import uvicorn
 
 from autotune.serve.api import ServingApp, create_app
+from autotune.serve.guard import Access, allowed_hosts, protocol_class
 
 __all__ = ["ServingServer"]
 
@@ -22,15 +23,19 @@ class ServingServer:
     """Listens on construction (port 0 picks a free port: `server_address`); start() serves HTTP on a thread of
     its own, stop() ends the engine loop and then HTTP."""
 
-    def __init__(self, address: tuple[str, int], app: ServingApp) -> None:
+    def __init__(self, address: tuple[str, int], app: ServingApp, access: Access | None = None) -> None:
         host, port = address
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         # Bound here, not by uvicorn, so that a taken port is an OSError to the caller and port 0 is known at once.
         self._socket = socket.create_server((host, port), family=family, backlog=_BACKLOG)
         self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
-        self.app = app
-        config = uvicorn.Config(create_app(app), lifespan="off", log_config=None, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=_GRACE_S)
+        self.app, self.access = app, access or Access()
+        # The Host names served: the local ones, the address bound, and those the operator added.
+        hosts = allowed_hosts(host, self.access.allowed_hosts)
+        config = uvicorn.Config(create_app(app, self.access, hosts), lifespan="off", log_config=None,
+                                log_level="warning", access_log=False, timeout_graceful_shutdown=_GRACE_S,
+                                limit_concurrency=self.access.max_connections,
+                                http=protocol_class(self.access, app.metrics.refuse))
         self._uvicorn = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -55,3 +60,4 @@ class ServingServer:
         if self._thread is not None:
             self._thread.join(timeout=_GRACE_S + 5)
         self._socket.close()
+        self.app.parser.shutdown(wait=False, cancel_futures=True)

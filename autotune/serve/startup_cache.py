@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
+from autotune.engine.packaged import digests_path
 from autotune.host import cpu_fingerprint
-from autotune.paths import cache_root, write_atomic
+from autotune.paths import cache_root, private_dir, write_atomic
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, recipe_checksum
 from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
@@ -125,10 +126,10 @@ class StartupCache:
             return folder
         log(f"serve: O2 packages not used: {why}")
         try:
-            for path in folder.glob("*"):
+            for path in [*folder.glob("*"), digests_path(folder)]:
                 if path.is_file():
                     path.unlink()
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)
             write_atomic(folder / META, json.dumps({"key": self.key}, indent=1).encode())
         except OSError as exc:
             log(f"serve: O2 packages cannot be kept in {folder} ({exc.strerror or exc}): compiled in memory only")
@@ -211,7 +212,7 @@ class StartupCache:
         meta = {"key": self.key, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
                 "inductor_artifacts": len(saved[1].inductor_artifacts)}
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            private_dir(self.folder)
             # Artifacts first, metadata last, each replaced whole: a reader sees the old pair or a checksum miss.
             write_atomic(self.folder / ARTIFACTS, data)
             write_atomic(self.folder / META, json.dumps(meta, indent=1).encode())

@@ -2,7 +2,8 @@
 under autotune's cache root, and this process's hits and misses in it."""
 from __future__ import annotations
 
-from autotune.paths import cache_root
+from autotune.errors import UserInputError
+from autotune.paths import cache_root, private_dir, untrusted
 
 __all__ = ["compiler_cache_env", "compiler_cache_counts", "compile_seconds"]
 
@@ -10,8 +11,9 @@ __all__ = ["compiler_cache_env", "compiler_cache_counts", "compile_seconds"]
 def compiler_cache_env() -> dict[str, str]:
     """Environment for child jobs: one inductor cache for all trials and workers, so that a repeated build
     (same graph, same knobs) loads compiled kernels instead of compiling them again."""
-    folder = cache_root() / "inductor"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(cache_root() / "inductor")  # compiled kernels are loaded into every trial: 0700
+    if (why := untrusted(folder)) is not None:
+        raise UserInputError(why)
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
 
 
