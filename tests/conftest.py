@@ -3,12 +3,41 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# No test reads or writes the user's cache (~/.cache/autotune): the session's is a folder of its own, and each test
+# gets a cache of its own inside its tmp_path (own_cache). What is keyed by its whole content and costs a minute
+# to remake is shared by the session: the converted SmolLM2 (models/, by the GGUF's checksum), the fp32
+# references (reference/, by model, text, design and versions) and the capability probe (probe/, by machine and
+# versions). A fixture of wider scope that sets AUTOTUNE_CACHE
+# itself keeps its own for its tests.
+_SESSION_CACHE = Path(tempfile.mkdtemp(prefix="autotune-tests-"))
+_SHARED = ("models", "reference", "probe")
+for _name in _SHARED:
+    (_SESSION_CACHE / _name).mkdir()
+os.environ["AUTOTUNE_CACHE"] = str(_SESSION_CACHE)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(request, monkeypatch):
+    """AUTOTUNE_CACHE set to this test's own folder (with the session's models and references linked in), unless a
+    fixture of wider scope chose one."""
+    if os.environ.get("AUTOTUNE_CACHE") != str(_SESSION_CACHE):
+        yield Path(os.environ["AUTOTUNE_CACHE"])
+        return
+    cache = request.getfixturevalue("tmp_path") / "autotune-cache"
+    cache.mkdir()
+    for name in _SHARED:
+        (cache / name).symlink_to(_SESSION_CACHE / name, target_is_directory=True)
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(cache))
+    yield cache
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5)

@@ -25,6 +25,7 @@ def _artifacts(st: optuna.Study, trial) -> list[dict]:
             if k.startswith(prefix) and json.loads(v) is not None]
 
 
+@pytest.mark.slow
 def test_export_notes_every_pareto_trial_and_attaches_its_recipes(study, tmp_path):
     st, url, _ = study
     assert artifact_dir(url) == tmp_path / "artifacts"
@@ -38,6 +39,7 @@ def test_export_notes_every_pareto_trial_and_attaches_its_recipes(study, tmp_pat
         assert any(f["filename"].endswith(".yaml") for f in files)
 
 
+@pytest.mark.slow
 def test_annotating_again_changes_nothing_and_a_changed_recipe_replaces_its_artifact(study, tmp_path):
     st, url, recipes = study
     paths = sorted(recipes.rglob("*.yaml"))

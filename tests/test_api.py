@@ -118,6 +118,7 @@ def test_the_cli_takes_its_defaults_from_the_api():
     assert [f.name for f in dataclasses.fields(SearchOptions)] == list(defaults)
 
 
+@pytest.mark.slow
 def test_import_autotune_stays_cheap():
     code = ("import sys, autotune; assert 'optuna' not in sys.modules and 'torch' not in sys.modules; "
             "import autotune.api; assert autotune.search is autotune.api.search")

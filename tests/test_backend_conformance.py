@@ -44,6 +44,7 @@ def device(backend):
 
 # ---- the Backend contract --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_adapt_space_records_every_removal(backend):
     space = load_space()
     adapted = backend.adapt_space(space)
@@ -66,6 +67,7 @@ def test_fingerprint_names_the_hardware(backend):
     json.dumps(fp)  # stored with the study
 
 
+@pytest.mark.slow
 def test_bad_job_is_an_error_result_not_an_exception(backend):
     job = Job(kind="trial", model="no-such-model-anywhere", workload={}, config=DeployConfig().to_dict())
     result = backend.run(job, timeout_s=120)

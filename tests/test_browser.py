@@ -45,6 +45,7 @@ def _page(browser, errors: list[str]):
     return page
 
 
+@pytest.mark.slow
 def test_report_renders_every_benchmarked_trial_without_errors(study, browser, tmp_path):
     st, _, recipes = study
     out = tmp_path / "report.html"
@@ -76,6 +77,7 @@ def dashboard(study):
     server.server_close()
 
 
+@pytest.mark.slow
 def test_dashboard_shows_the_study_its_trials_and_a_pareto_note(study, browser, dashboard):
     st, _, _ = study
     errors: list[str] = []

@@ -61,6 +61,7 @@ def test_a_package_not_in_the_record_is_not_loaded(tmp_path, capsys):
     assert "does not match the checksum in the start-up record" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_o2_server_under_a_group_writable_cache_refuses_to_start(tmp_path, monkeypatch, context_model_folder):
     from autotune.recipes.recipe import load_recipe
     from autotune.serve import build_server

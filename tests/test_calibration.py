@@ -49,6 +49,7 @@ def tiny_plan_env(tiny_model_folder, tmp_path, monkeypatch):
     return plan_env(tiny_model_folder, tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_round_to_nearest_with_fallback_ranks_layers_without_the_calibration_pass(tiny_plan_env, monkeypatch):
     spec, tokenizer, hf, _ = tiny_plan_env
     monkeypatch.setattr(plan_module, "collect_statistics", lambda *a, **k: pytest.fail("rtn needs no statistics"))
@@ -64,6 +65,7 @@ def test_round_to_nearest_with_fallback_ranks_layers_without_the_calibration_pas
     assert engine.quantization["kept"] == sorted(plan.keep)
 
 
+@pytest.mark.slow
 def test_the_plan_is_measured_once_cached_and_keeps_the_most_sensitive_layers(tiny_plan_env, monkeypatch):
     spec, tokenizer, hf, drawn = tiny_plan_env
     assert quant_plan(hf, spec, tokenizer, DeployConfig(quant="w8a8")) is None  # rtn, no fallback: the plain scheme

@@ -20,11 +20,13 @@ def _one_clear_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_unknown_model_lists_known_ones():
     line = _one_clear_line(_run("search", "--model", "llama-70b-typo"))
     assert "llama-70b-typo" in line and "smollm2-135m" in line and "llama-7b" in line
 
 
+@pytest.mark.slow
 def test_malformed_space_names_file_and_line(tmp_path):
     space = tmp_path / "bad.yaml"
     space.write_text("dimensions:\n  quant:\n    values: [none, int3]\n")
@@ -32,6 +34,7 @@ def test_malformed_space_names_file_and_line(tmp_path):
     assert f"{space}:3:" in line and "int3" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (["--trials", "0"], "must be positive"),
     (["--trials", "many"], "not a number"),
@@ -43,26 +46,31 @@ def test_invalid_flag_values(args, words):
     assert words in _one_clear_line(_run("search", *args))
 
 
+@pytest.mark.slow
 def test_unreachable_storage(tmp_path):
     line = _one_clear_line(_run("show", "--study", "x", "--storage", "sqlite:////proc/no/such/dir/x.db"))
     assert "cannot open study storage" in line
 
 
+@pytest.mark.slow
 def test_password_never_printed():
     line = _one_clear_line(_run("show", "--study", "x", "--storage", "postgresql://user:s3cret@127.0.0.1:1/db"))
     assert "s3cret" not in line and "***" in line
 
 
+@pytest.mark.slow
 def test_unknown_study_lists_the_ones_there(tmp_path):
     line = _one_clear_line(_run("show", "--study", "nope", "--storage", f"sqlite:///{tmp_path}/s.db"))
     assert "no study 'nope'" in line
 
 
+@pytest.mark.slow
 def test_unknown_backend_says_what_exists():
     line = _one_clear_line(_run("search", "--backend", "tpu"))
     assert "unknown backend 'tpu'" in line and "cpu" in line
 
 
+@pytest.mark.slow
 def test_models_lists_the_registry():
     proc = _run("models")
     assert proc.returncode == 0

@@ -19,6 +19,7 @@ def study(tmp_path, monkeypatch):
     return scripted_study(tmp_path, trials=6)
 
 
+@pytest.mark.slow
 def test_dashboard_serves_then_stops_on_sigterm(study, tmp_path):
     _, url, recipes = study
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli", "dashboard", "--study", "view", "--storage", url,

@@ -37,6 +37,7 @@ def test_a_wheel_for_every_carried_package_on_each_python(python):
     assert picked["torchao"] == "torchao-0.18.0-py3-none-any.whl"  # pure Python: no kernels built for another torch
 
 
+@pytest.mark.slow
 def test_unpacked_wheels_import_without_pip(tmp_path):
     for _, dist, spec, below in install_wheels.CARRIED:
         if below is None or sys.version_info[:2] < below:

@@ -58,6 +58,7 @@ def _cudagraph_view(records: list):
     return aot_autograd(fw_compiler=inference, inference_compiler=inference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("marked, replayable", [(True, True), (False, False)])
 def test_kv_pools_reach_cuda_graphs_as_static_inputs(tiny_llama, marked, replayable):
     records: list = []

@@ -253,6 +253,7 @@ def test_int8_weight_packing_round_trips():
     assert err <= scale.max() / 2 + 1e-6  # rounding error at most half a step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, check, words", [("cuda", cuda_unavailable, "torch"),
                                                  ("npu", npu_unavailable, "torch_npu")])
 def test_absent_accelerator_refuses_in_one_line(name, check, words):

@@ -23,6 +23,7 @@ def smollm2(smollm2_folder):
     return model, AutoTokenizer.from_pretrained(smollm2_folder)
 
 
+@pytest.mark.slow
 def test_baseline_engine_gives_transformers_greedy_tokens(smollm2):
     model, tokenizer = smollm2
     prompts = bench_prompts(tokenizer, 6, 20, 60, seed=4)
@@ -39,6 +40,7 @@ def test_baseline_engine_gives_transformers_greedy_tokens(smollm2):
         assert [o.output_ids for o in outs] == expected, (batch_size, page_size)
 
 
+@pytest.mark.slow
 def test_on_demand_kv_memory_follows_tokens(smollm2):
     model, tokenizer = smollm2
     prompts = bench_prompts(tokenizer, 8, 128, 128, seed=1)
@@ -52,6 +54,7 @@ def test_on_demand_kv_memory_follows_tokens(smollm2):
     assert reserved["on_demand"] / reserved["preallocate"] < 0.2, reserved
 
 
+@pytest.mark.slow
 def test_search_end_to_end_with_resume(tmp_path):
     """A real study, twice: the gate runs against the fp32 reference, trials are benchmarked, recipes written;
     the second invocation keeps the first's trials."""

@@ -29,6 +29,7 @@ def test_greedy_matches_transformers_fp32(tiny_llama, batch_size, page_size, pol
     assert [o.output_ids for o in outs] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["O1", "O2"])
 def test_compiled_segments_match_transformers(tiny_llama, level):
     prompts = _prompts(tiny_llama.config.vocab_size)

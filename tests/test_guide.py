@@ -3,6 +3,7 @@ a failed gate, and that run_search mixes its trials with the sampler's."""
 from __future__ import annotations
 
 import optuna
+import pytest
 from test_study import ScriptedBackend
 
 from autotune.config.deploy import DeployConfig
@@ -66,6 +67,7 @@ def guide_predict(guide: Guide, params: dict) -> float:
                  .throughput_tok_s, 2)
 
 
+@pytest.mark.slow
 def test_an_unknown_scheme_is_probed_eagerly_and_a_failed_scheme_is_left_out(tiny_model_folder):
     guide = Guide.for_backend("cpu", str(tiny_model_folder), SPACE, Workload())
     study = _study()
@@ -91,6 +93,7 @@ class _Scripted(ScriptedBackend):
         return JobResult(Status.OK, gate=PASS, bench=_bench(100.0 + config.batch_size))
 
 
+@pytest.mark.slow
 def test_run_search_mixes_guided_trials_with_the_samplers(tmp_path, tiny_model_folder):
     url = f"sqlite:///{tmp_path}/g.db"
     study = optuna.create_study(study_name="g", storage=url, directions=[d for _, d in OBJECTIVES],

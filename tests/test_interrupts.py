@@ -10,6 +10,7 @@ import sys
 import time
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.redact import redact, scrub
@@ -22,6 +23,7 @@ def _env(tmp_path) -> dict:
             "AUTOTUNE_FAULTS": json.dumps({"*": "sleep:0.5"})}
 
 
+@pytest.mark.slow
 def test_sigterm_fails_the_running_trial_and_the_same_command_resumes(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
     cmd = [sys.executable, "-m", "autotune.cli", "search", "--backend", "sim-faults", "--hardware", "a100-80g",
@@ -60,6 +62,7 @@ def test_sigterm_fails_the_running_trial_and_the_same_command_resumes(tmp_path):
     assert len(retried) == 1 and retried[0].params == failed[0].params  # the interrupted trial, run again
 
 
+@pytest.mark.slow
 def test_unreachable_storage_is_one_clear_error_without_the_password(tmp_path):
     url = "postgresql+psycopg://tuner:s3cret-pw@127.0.0.1:1/autotune"
     proc = subprocess.run([sys.executable, "-m", "autotune.cli", "worker", "--study", "x", "--storage", url],

@@ -23,6 +23,7 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
 
 
+@pytest.mark.slow
 def test_faulty_trials_fail_with_their_reason_and_the_study_completes(tmp_path, monkeypatch):
     import uuid
 
@@ -41,13 +42,15 @@ def test_faulty_trials_fail_with_their_reason_and_the_study_completes(tmp_path, 
         study.enqueue_trial(params)
     backend = IsolatedBackend(FaultBackend("a100-80g"), memory_limit_mb=400)
     space = backend.adapt_space(space)
-    settings = SearchSettings(model="llama-7b", study=name, storage=url, trials=8, trial_timeout_s=4.0,
+    # The limit must hold a healthy trial's child (Python, autotune's backends, the simulator) on a loaded machine:
+    # 4 s did not, in the full suite on a 2-core EPYC, where a child took 3-4 s to start and answer.
+    settings = SearchSettings(model="llama-7b", study=name, storage=url, trials=8, trial_timeout_s=15.0,
                               trial_memory_mb=400)
     run_search(settings, space, backend, study)
     trials = {DeployConfig.from_params(t.params).label(): t for t in study.trials}
     reasons = {f: trials[DeployConfig.from_params(p).label()].user_attrs["reason"] for f, p in faulty.items()}
     assert "SIGSEGV" in reasons["segfault"] and "segmentation fault" in reasons["segfault"]
-    assert "timed out after 4 s" in reasons["hang"]
+    assert "timed out after 15 s" in reasons["hang"]
     assert "out of memory" in reasons["oom"] and "400 MB" in reasons["oom"]
     assert "RuntimeError: injected build failure" in reasons["raise"]
     for fault, params in faulty.items():

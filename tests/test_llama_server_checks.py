@@ -68,6 +68,7 @@ def test_the_recipe_records_the_gguf_and_the_server(setup):
     assert not {"gguf_sha256", "llama_server_sha256"} & set(recipe.data["software"])  # not software to compare
 
 
+@pytest.mark.slow
 def test_the_recorded_gguf_and_server_are_execed(setup):
     path, binary, gguf, marker = setup
     ran = _serve(path)
@@ -79,6 +80,7 @@ def test_the_recorded_gguf_and_server_are_execed(setup):
     assert "key-0123456789abcdef" not in marker.read_text()
 
 
+@pytest.mark.slow
 def test_a_tampered_gguf_is_refused_before_exec(setup):
     path, _, gguf, marker = setup
     gguf.write_bytes(gguf.read_bytes() + b"\0")
@@ -89,6 +91,7 @@ def test_a_tampered_gguf_is_refused_before_exec(setup):
     assert "delete it to have it made again" in line
 
 
+@pytest.mark.slow
 def test_a_swapped_binary_is_refused_before_exec(setup):
     path, binary, _, marker = setup
     binary.write_text(binary.read_text().replace("printf", "printf  "))  # another build, same behaviour
@@ -99,6 +102,7 @@ def test_a_swapped_binary_is_refused_before_exec(setup):
     assert "rebuild it with bash scripts/build_llamacpp.sh" in line
 
 
+@pytest.mark.slow
 def test_force_serves_a_mismatch_and_says_so(setup):
     path, binary, _, marker = setup
     binary.write_text(binary.read_text() + "\n")
@@ -119,6 +123,7 @@ def test_a_non_loopback_host_is_warned_on_the_llama_path(setup, monkeypatch, cap
     assert "listening on 0.0.0.0, not only loopback, WITHOUT an API key" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_recipe_without_the_digests_is_served_with_a_warning(setup):
     path, _, _, marker = setup
     data = load_recipe(path).data

@@ -14,10 +14,11 @@ from autotune.backends.cpu import CpuBackend
 from autotune.backends.llamacpp import LlamaCppBackend
 from autotune.backends.sim import SimBackend
 from autotune.config.deploy import ENGINE_KNOBS, LLAMACPP_KNOBS, DeployConfig
+from autotune.errors import SpaceError
 from autotune.gate.cache import gate_inputs, gate_key
 from autotune.llamacpp.build_info import tools_dir
 from autotune.llamacpp.config import SERVER_DEFAULTS, LlamaCppConfig
-from autotune.space.search_space import load_space
+from autotune.space.search_space import default_space, load_space
 from tests.conftest import make_tiny_llama
 
 
@@ -37,11 +38,12 @@ def test_config_validates_and_names_its_server_command():
     assert SERVER_DEFAULTS.parallel == 4 and SERVER_DEFAULTS.n_ctx == 0  # llama-server's own, given only a model
 
 
-def test_the_space_searches_llamacpps_knobs_and_drops_the_engines_with_reasons():
-    adapted = LlamaCppBackend().adapt_space(load_space())
+def test_the_backend_searches_llamacpps_space_and_refuses_the_engines():
+    adapted = LlamaCppBackend().space_for(load_space(default_space("llamacpp")))
     assert {d.name for d in adapted.dimensions} == {"batch_size", "device_power", *LLAMACPP_KNOBS}
-    for name in ENGINE_KNOBS:
-        assert "llama.cpp" in adapted.dropped[name]
+    with pytest.raises(SpaceError, match="a space of the engine runtime, and backend llamacpp runs llamacpp.*"
+                       "search_spaces/llamacpp.yaml"):
+        LlamaCppBackend().space_for(load_space())
     configs = [adapted.to_config(p) for p in adapted.grid()]
     assert len(configs) == adapted.grid_size() and all(c.runtime == "llamacpp" for c in configs)
     assert {c.kv_type for c in configs if c.flash_attn == "off"} == {"f16"}  # llama.cpp refuses q8_0 V without FA
@@ -56,10 +58,10 @@ def test_the_space_searches_llamacpps_knobs_and_drops_the_engines_with_reasons()
 
 
 @pytest.mark.parametrize("backend", [CpuBackend(), SimBackend("a100-80g")], ids=["cpu", "sim"])
-def test_the_engines_backends_drop_llamacpps_knobs_with_the_reason(backend):
-    adapted = backend.adapt_space(load_space())
-    for name in LLAMACPP_KNOBS:
-        assert name not in {d.name for d in adapted.dimensions} and "knob of llama.cpp" in adapted.dropped[name]
+def test_the_engines_backends_refuse_llamacpps_space(backend):
+    with pytest.raises(SpaceError, match="a space of the llamacpp runtime.*search_spaces/default.yaml"):
+        backend.space_for(load_space(default_space("llamacpp")))
+    adapted = backend.space_for(load_space())
     assert all(adapted.to_config(p).runtime == "engine" for p in adapted.grid()[:50])
 
 
@@ -257,6 +259,7 @@ def test_a_trial_through_the_backend(gguf_folder, tmp_path, monkeypatch):
 _USERS_TOOLS = tools_dir()
 _SPACE = """
 version: 1
+runtime: llamacpp
 dimensions:
   batch_size: {values: [2, 4]}
   device_power: {values: [1]}

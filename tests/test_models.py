@@ -85,6 +85,7 @@ def test_a_config_lacking_a_field_names_it(tmp_path):
         resolve_model(str(_folder(tmp_path, config)))
 
 
+@pytest.mark.slow
 def test_search_refuses_an_unsupported_model_before_opening_storage(tmp_path):
     # The bug this guards: a non-LLaMA folder read as a LLaMA ran the reference and the baseline, then every trial
     # failed minutes later. Now: exit 2, one line, no study storage written.
@@ -97,6 +98,7 @@ def test_search_refuses_an_unsupported_model_before_opening_storage(tmp_path):
     assert not list(tmp_path.rglob("*.db"))
 
 
+@pytest.mark.slow
 def test_models_lists_the_registry_and_the_supported_architectures(tmp_path):
     proc = _cli("models", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

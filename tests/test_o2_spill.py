@@ -57,6 +57,7 @@ def test_spilling_releases_the_original_storage(wide_llama):
     assert spilled.resident_bytes() < 2**16
 
 
+@pytest.mark.slow
 def test_o2_engine_runs_new_shapes_from_spilled_weights_with_the_same_tokens(wide_llama, monkeypatch):
     torch._dynamo.reset()
     config = DeployConfig(fusion_level="O2", layers_per_subgraph=0, batch_size=4, page_size=8)

@@ -36,6 +36,7 @@ def first_build(tmp_path_factory):
     return folder, tokens, packaged
 
 
+@pytest.mark.slow
 def test_a_second_build_loads_every_graph_with_the_same_tokens(first_build):
     folder, tokens, first = first_build
     assert first.num_compiled == 3 and first.num_loaded == 0 and len(tokens) == 6
@@ -44,12 +45,14 @@ def test_a_second_build_loads_every_graph_with_the_same_tokens(first_build):
     assert again == tokens
 
 
+@pytest.mark.slow
 def test_packages_compute_what_torch_compile_computes_at_o2(first_build):
     _, tokens, _ = first_build
     compiled, packaged = _greedy(None)
     assert packaged is None and compiled == tokens
 
 
+@pytest.mark.slow
 def test_one_decode_package_takes_every_width_a_serving_step_has(first_build):
     """A serving runner's decode steps are as wide as their rows' pages (2, 3 and 4 of 16 tokens here): the decode
     package exported at the offline runner's width of 4 takes all of them, with the same tokens."""
@@ -66,6 +69,7 @@ def test_one_decode_package_takes_every_width_a_serving_step_has(first_build):
     assert engine.packaged.num_compiled == 0 and served[0] == tokens
 
 
+@pytest.mark.slow
 def test_a_corrupt_package_is_compiled_again_with_the_reason(first_build, tmp_path, capsys):
     folder, tokens, _ = first_build
     copy = tmp_path / "packages"

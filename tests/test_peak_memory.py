@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import optuna
 import pytest
-import torch
 
 from autotune.benchmark import bench
 from autotune.benchmark.peak_rss import rss_bytes

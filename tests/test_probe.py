@@ -179,6 +179,7 @@ def test_fp32_weights_cost_the_simulator_twice_the_bytes():
     assert fp32.tpot_p50_ms > 1.4 * bf16.tpot_p50_ms
 
 
+@pytest.mark.slow
 def test_the_real_probe_on_this_machine(tmp_path, monkeypatch):
     """Seconds, once: the figures are measured here and the decision follows from them and the flags."""
     from autotune.probe.cpu import cpu_capabilities, native_precisions

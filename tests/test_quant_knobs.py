@@ -198,6 +198,7 @@ class _BuildingBackend(ScriptedBackend):
         return result
 
 
+@pytest.mark.slow
 def test_the_study_stores_each_sensitivity_once_and_each_trial_the_layers_its_build_kept(tiny_model_folder,
                                                                                          tmp_path, monkeypatch):
     spec, tokenizer, hf, drawn = plan_env(tiny_model_folder, tmp_path / "cache", monkeypatch)

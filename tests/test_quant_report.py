@@ -1,6 +1,8 @@
 """`autotune quant-report` on the tiny model: a row per scheme x method x fallback, gated as a trial is gated."""
 from __future__ import annotations
 
+import pytest
+
 from autotune.cli.main import main
 from autotune.quant import plan as plan_module
 from autotune.quant.calib_set import calibration_samples
@@ -31,6 +33,7 @@ def test_the_table_says_at_which_depth_each_scheme_passes():
     assert "w4a16/awq: passes at no measured fallback depth" in table
 
 
+@pytest.mark.slow
 def test_cli_measures_the_tiny_model(tiny_model_folder, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
     monkeypatch.setattr(plan_module, "calibration_samples", lambda tok: calibration_samples(tok)[:128])

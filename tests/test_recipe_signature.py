@@ -66,6 +66,7 @@ def test_unsigned_and_wrongly_signed_recipes_are_refused_when_a_signature_is_req
         load_recipe(signed, key=b"another-key-0123456789")
 
 
+@pytest.mark.slow
 def test_serve_and_verify_require_the_signature_before_building_anything(exported):
     unsigned, signed = exported
     for command in ("serve", "verify"):

@@ -43,6 +43,7 @@ def measured(tmp_path_factory, tiny_model_folder):
         os.environ["AUTOTUNE_CACHE"] = old
 
 
+@pytest.mark.slow
 def test_simulated_recipe_is_verified_into_a_measured_one(measured, capsys):
     code, sim, out = measured
     assert code == 0 and out.is_file()
@@ -60,6 +61,7 @@ def test_simulated_recipe_is_verified_into_a_measured_one(measured, capsys):
 _TOLERANCE = "2"
 
 
+@pytest.mark.slow
 def test_fresh_recipe_verifies_and_a_regression_fails(measured, capsys):
     _, _, out = measured
     capsys.readouterr()
@@ -127,6 +129,7 @@ def test_simulated_recipe_runs_on_its_backend_when_here_else_says_not_comparable
     assert len(rows) == 2 and all(line.endswith("not comparable") for line in rows)
 
 
+@pytest.mark.slow
 def test_a_recipe_of_another_hardware_class_is_regated_but_its_figures_are_not_judged(measured, capsys, tmp_path):
     """Another ISA level's recipe verified here: its figures say nothing about this machine, however far off
     they are (10x better here), so only the gate decides."""

@@ -16,6 +16,7 @@ def study(tmp_path, monkeypatch):
     return scripted_study(tmp_path)
 
 
+@pytest.mark.slow
 def test_report_is_one_offline_file_with_every_section(study):
     st, _, recipes = study
     page = build_report(st, recipes)
@@ -25,6 +26,7 @@ def test_report_is_one_offline_file_with_every_section(study):
     assert "MEASURED on this hardware" in page and "Cost of the search" in page and "best-throughput" in page
 
 
+@pytest.mark.slow
 def test_every_trial_has_one_outcome_and_the_cost_counts_them(study):
     st, _, recipes = study
     outcomes = {p.number: p.outcome for p in points(st)}
@@ -51,6 +53,7 @@ def test_simulated_study_is_labelled_and_a_one_trial_study_still_reports(tmp_pat
     assert "SIMULATED" in page and "Too few trials" in page
 
 
+@pytest.mark.slow
 def test_report_command_writes_the_file_and_a_missing_study_exits_2(study, tmp_path, capsys):
     _, url, recipes = study
     out = tmp_path / "r.html"

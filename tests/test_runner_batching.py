@@ -42,6 +42,7 @@ def test_buckets_are_powers_of_two_then_the_batch_size():
     assert batch_buckets(5) == (1, 2, 4, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["O0", "O1"])
 def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, level):
     prompts = _prompts(tiny_llama.config.vocab_size, (*LENGTHS, 12))
@@ -63,6 +64,7 @@ def test_bucketed_decode_gives_the_tokens_of_the_full_padded_batch(tiny_llama, l
     assert bucketed == padded == [row[:n] for row, n in zip(hf_greedy(tiny_llama, prompts, 12), new)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["O0", "O1"])
 def test_serving_decode_reads_only_the_pages_its_rows_use(tiny_llama, level):
     """A serving runner's decode step is as wide as its longest row's pages (at least 2), not the whole context:
@@ -168,6 +170,7 @@ def test_a_serving_thread_compiles_under_the_engines_settings(tiny_llama):
     assert seen["after"][0] >= 4 * len(engine.model.segments) and seen["after"][1] is True
 
 
+@pytest.mark.slow
 def test_warm_up_compiles_every_graph_serving_meets(tiny_llama):
     """After warm_up, no request shape compiles a graph on a user's request: one prompt or several, a one-token
     prompt, a prompt longer than the prefill chunk (one that would leave a last chunk of one token), every bucket,

@@ -35,6 +35,7 @@ def test_a_default_search_has_no_trial_cap():
     assert defaults["trials"] is None and defaults["minutes"] == 10.0 and defaults["patience"] >= 1
 
 
+@pytest.mark.slow
 def test_an_unmoving_front_stops_the_search_and_says_so(tmp_path, capsys):
     space = load_space(DEFAULT_SPACE)
     study = _study(tmp_path)
@@ -79,6 +80,7 @@ class SameSampler(optuna.samplers.BaseSampler):
         return distribution.choices[0] if hasattr(distribution, "choices") else distribution.low
 
 
+@pytest.mark.slow
 def test_a_repeat_is_told_its_result_costs_no_trial_and_a_sampler_that_only_repeats_ends_the_search(
         tmp_path, capsys):
     space = load_space(DEFAULT_SPACE)

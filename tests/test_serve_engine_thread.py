@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import pytest
 from recipe_factory import tiny_recipe
 
 from autotune.engine import Request
@@ -49,6 +50,7 @@ def test_the_engine_loop_runs_on_the_calling_thread(tmp_path, decided_model_fold
     assert stepped_on == {threading.get_ident()}
 
 
+@pytest.mark.slow
 def test_autotune_serve_answers_then_stops_on_sigterm(tmp_path, decided_model_folder):
     recipe = tiny_recipe(tmp_path, decided_model_folder, batch_size=2)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -125,6 +125,7 @@ def _timed(call) -> float:
     return time.perf_counter() - started
 
 
+@pytest.mark.slow
 def test_200_slow_body_clients_leave_the_server_answering(served):
     """While 200 clients hold half-sent bodies: /health within 1 s and a real request in its usual time; then each
     slow client gets a 408 at the body deadline, counted, and nothing is lost."""
@@ -166,6 +167,7 @@ def test_200_slow_body_clients_leave_the_server_answering(served):
           f"{usual * 1e3:.0f} ms) served, 0 lost; {SLOW_CLIENTS} answered 408 at {BODY_TIMEOUT_S:g} s")
 
 
+@pytest.mark.slow
 def test_a_client_that_never_finishes_its_headers_gets_408(served):
     before = _refused(served).get("header_timeout", 0)
     started = time.monotonic()

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 
 from autotune.sim.hardware import list_profiles
 
@@ -18,6 +19,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_predict_json():
     out = _cli(*PREDICT, "--json")
     assert out.returncode == 0, out.stderr
@@ -26,6 +28,7 @@ def test_predict_json():
     assert data["config"]["layers_per_subgraph"] == 2
 
 
+@pytest.mark.slow
 def test_predict_text_says_simulated_and_infeasible_exits_1():
     out = _cli(*PREDICT)
     assert out.returncode == 0 and "SIMULATED" in out.stdout
@@ -34,6 +37,7 @@ def test_predict_text_says_simulated_and_infeasible_exits_1():
     assert out.returncode == 1 and "INFEASIBLE" in out.stdout
 
 
+@pytest.mark.slow
 def test_predict_bad_input_exits_2():
     assert _cli("predict", "--hardware", "tpu-v9").returncode == 2
     assert _cli("predict", "--hardware", "h100", "--set", "quant=fp3").returncode == 2
@@ -41,6 +45,7 @@ def test_predict_bad_input_exits_2():
     assert _cli("predict", "--hardware", "h100", "--set", "batch_size").returncode == 2
 
 
+@pytest.mark.slow
 def test_hardware_lists_every_profile():
     out = _cli("hardware")
     assert out.returncode == 0, out.stderr
@@ -48,6 +53,7 @@ def test_hardware_lists_every_profile():
         assert name in out.stdout
 
 
+@pytest.mark.slow
 def test_simulated_search_is_labelled(tmp_path):
     storage = f"sqlite:///{tmp_path}/sim.db"
     out = _cli("search", "--model", "llama-7b", "--backend", "sim", "--hardware", "ascend910", "--trials", "12",

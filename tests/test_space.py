@@ -4,9 +4,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.config.deploy import DeployConfig
+from autotune.config.deploy import LLAMACPP_KNOBS, DeployConfig
 from autotune.errors import SpaceError
-from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.search_space import DEFAULT_SPACE, default_space, load_space
 
 
 def test_default_space_has_every_knob_and_a_valid_baseline():
@@ -65,11 +65,13 @@ def test_grid_size_counts_conditional_dimensions_once():
     ("dimensions:\n  quant:\n    values: [none]\n    numerics: false\n", 4, "numerics is True"),
     ("versoin: 1\ndimensions: {}\n", 1, "unknown section 'versoin'"),
     # llama.cpp's pairs it would refuse, and YAML's bare on/off.
-    ("dimensions:\n  n_batch: {values: [512, 256]}\n  n_ubatch:\n    values: [512]\n", 3, "n_ubatch 512 is above "
+    ("runtime: llamacpp\ndimensions:\n  n_batch: {values: [512, 256]}\n  n_ubatch:\n    values: [512]\n", 4,
+     "n_ubatch 512 is above "
      "n_batch 256"),
-    ("dimensions:\n  flash_attn: {values: [\"on\", \"off\"]}\n  kv_type:\n    values: [f16, q8_0]\n", 3,
+    ("runtime: llamacpp\ndimensions:\n  flash_attn: {values: [\"on\", \"off\"]}\n  kv_type:\n    values: [f16, q8_0]\n",
+     4,
      "needs flash attention"),
-    ("dimensions:\n  flash_attn:\n    values: [on, off]\n", 3, 'quote it: "on"'),
+    ("runtime: llamacpp\ndimensions:\n  flash_attn:\n    values: [on, off]\n", 4, 'quote it: "on"'),
 ])
 def test_bad_space_names_file_and_line(tmp_path, text, line, words):
     path = tmp_path / "space.yaml"
@@ -80,19 +82,29 @@ def test_bad_space_names_file_and_line(tmp_path, text, line, words):
     assert words in str(err.value)
 
 
-def test_llamacpps_knobs_are_held_aside_for_its_backend():
-    """A space as loaded is the engine's: llama.cpp's knobs are held for the llamacpp backend (with_runtime), and
-    dropped with the reason by the others (drop_held)."""
-    space = load_space(DEFAULT_SPACE)
-    held = [d.name for d in space.held["llamacpp"]]
-    assert held == ["gguf_type", "flash_attn", "kv_type", "n_batch", "n_ubatch", "n_ctx"]
-    assert not set(held) & {d.name for d in space.dimensions}
-    assert {d.name for d in space.held["llamacpp"] if d.numerics} == {"gguf_type", "flash_attn", "kv_type"}
-    llama = space.with_runtime("llamacpp")
-    assert llama.fixed == {"runtime": "llamacpp"} and not llama.held
+def test_a_space_file_names_its_runtime_and_holds_only_its_knobs(tmp_path):
+    """The engine's space (no `runtime:`) and llama.cpp's (`runtime: llamacpp`) are files of their own; a knob of
+    another runtime than the file's is refused at load with its file and line, and a configuration of the space is
+    of its runtime."""
+    engine = load_space(DEFAULT_SPACE)
+    assert engine.runtime == "engine" and not {d.name for d in engine.dimensions} & set(LLAMACPP_KNOBS)
+    assert all(engine.to_config(p).runtime == "engine" for p in engine.grid()[:20])
+    llama = load_space(default_space("llamacpp"))
+    assert llama.runtime == "llamacpp" and [d.name for d in llama.dimensions] == [
+        "batch_size", "device_power", "gguf_type", "flash_attn", "kv_type", "n_batch", "n_ubatch", "n_ctx"]
+    assert {d.name for d in llama.dimensions if d.numerics} == {"gguf_type", "flash_attn", "kv_type"}
     assert llama.dimension("kv_type").when == {"flash_attn": ("on",)}
-    dropped = space.drop_held("not here")
-    assert not dropped.held and all(dropped.dropped[name] == "dropped: not here" for name in held)
+    assert all(llama.to_config(p).runtime == "llamacpp" for p in llama.grid())
+    path = tmp_path / "mixed.yaml"
+    path.write_text("version: 1\ndimensions:\n  quant:\n    values: [none]\n  gguf_type:\n    values: [Q8_0]\n")
+    with pytest.raises(SpaceError, match=f"^{path}:5: gguf_type is a knob of the llamacpp runtime.*llamacpp.yaml"):
+        load_space(path)
+    path.write_text("version: 1\nruntime: llamacpp\ndimensions:\n  quant:\n    values: [none]\n")
+    with pytest.raises(SpaceError, match="quant is a knob of the engine runtime"):
+        load_space(path)
+    path.write_text("version: 1\nruntime: vllm\ndimensions:\n  batch_size:\n    values: [1]\n")
+    with pytest.raises(SpaceError, match="runtime 'vllm' is not one of engine, llamacpp"):
+        load_space(path)
 
 
 def test_missing_space_file_is_a_clear_error(tmp_path):

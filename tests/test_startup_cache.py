@@ -52,6 +52,7 @@ def o1_recipe(tmp_path_factory, decided_model_folder) -> Path:
                        layers_per_subgraph=0, batch_size=1, page_size=16, dtype="fp32")
 
 
+@pytest.mark.slow
 def test_second_start_loads_what_the_first_saved_with_the_same_tokens(o1_recipe, tmp_path):
     inductor = tmp_path / "inductor"
     cold, cold_log = _start(o1_recipe, tmp_path, inductor)
@@ -114,6 +115,7 @@ def test_the_key_is_the_recipe_torch_and_this_machine(o1_recipe):
     assert key["recipe"].startswith("sha256:") and key["backend"] == "cpu"
 
 
+@pytest.mark.slow
 def test_o2_graphs_are_said_not_cacheable_with_inductors_reason(tmp_path, monkeypatch, capsys):
     from conftest import make_tiny_llama
 

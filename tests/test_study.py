@@ -77,6 +77,7 @@ def _settings(tmp_path, trials, **kw):
     return SearchSettings(model="m", study="s", storage=f"sqlite:///{tmp_path}/s.db", trials=trials, **kw)
 
 
+@pytest.mark.slow
 def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_front(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study, backend = _study(tmp_path), ScriptedBackend()
@@ -156,6 +157,7 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
     assert gated.user_attrs["reason"].startswith("accuracy gate: tie-aware agreement 0.9000 <= 0.995")
 
 
+@pytest.mark.slow
 def test_memory_budget_makes_trials_infeasible(tmp_path):
     space = load_space(DEFAULT_SPACE)
     study = _study(tmp_path)

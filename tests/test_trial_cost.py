@@ -104,6 +104,7 @@ def test_timed_runs_stop_on_spread_time_or_count():
     assert len(runs) == 2  # a baseline's two runs, whatever the cap
 
 
+@pytest.mark.slow
 def test_the_budget_counts_the_trials_not_the_set_up(tmp_path, monkeypatch):
     """`autotune search --timeout` on the simulator, with a set-up that takes longer than the whole budget: trials
     still run, for about the budget, from the first trial on."""
@@ -155,6 +156,7 @@ def test_workers_keep_to_the_studys_deadline(tmp_path, monkeypatch):
     run_search(restored, load_space(DEFAULT_SPACE), backend, study, target=None)
     ended = [t.datetime_complete.timestamp() for t in study.trials if t.datetime_complete]
     assert backend.jobs and max(ended) <= deadline + 0.5 + 0.5
+@pytest.mark.slow
 def test_a_trial_stopped_at_its_limit_kills_its_process_group_and_keeps_its_gate(tmp_path):
     """The child starts a grandchild in its own group (as inductor's compile workers are), checkpoints its gate
     figures, then hangs; at the limit both go, and the result keeps the figures."""

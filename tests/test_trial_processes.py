@@ -88,6 +88,7 @@ def _job() -> Job:
 def test_nothing_the_trial_started_survives_its_end(tmp_path, end):
     env, pidfile = _entry(tmp_path, end)
     result = run_isolated(_job(), 60.0, entry=f"entry_{end}", env=env)
+    assert pidfile.is_file(), f"the entry ended before it wrote its pids: {result.reason} {result.log_tail}"
     pids = json.loads(pidfile.read_text())
     assert result.reason == ("done here" if end == "exit" else "crashed: killed by SIGKILL (out of memory? killed "
                              "from outside, often by the OOM killer)")
@@ -96,6 +97,7 @@ def test_nothing_the_trial_started_survives_its_end(tmp_path, end):
     assert _survivors(pids, within_s=2.0) == {}
 
 
+@pytest.mark.slow
 def test_nothing_survives_a_sigkilled_parent(tmp_path):
     env, pidfile = _entry(tmp_path, "hang")
     parent = subprocess.Popen(
@@ -120,6 +122,7 @@ def test_nothing_survives_a_sigkilled_parent(tmp_path):
             parent.kill()
 
 
+@pytest.mark.slow
 def test_a_timed_out_trial_takes_its_detached_grandchildren_too(tmp_path):
     env, pidfile = _entry(tmp_path, "hang")
     started = time.perf_counter()

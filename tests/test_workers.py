@@ -59,6 +59,7 @@ def _check_no_lost_no_repeated(trials: list[optuna.trial.FrozenTrial], budget: i
             assert by_number[t.user_attrs["duplicate_of"]].params == t.params
 
 
+@pytest.mark.slow
 def test_three_workers_complete_a_30_trial_study(tmp_path):
     study = f"w3-{uuid.uuid4().hex[:8]}"
     _, password = _split(PG_URL)
@@ -77,6 +78,7 @@ def test_three_workers_complete_a_30_trial_study(tmp_path):
     assert rates["duplicate_results_reused"] == sum("duplicate_of" in t.user_attrs for t in trials)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_trial_has_its_trial_retried(tmp_path):
     study = f"kill-{uuid.uuid4().hex[:8]}"
     env = _env(tmp_path, AUTOTUNE_FAULTS=json.dumps({"*": "sleep:0.7"}))  # slow, healthy trials
@@ -104,6 +106,7 @@ def test_a_worker_killed_mid_trial_has_its_trial_retried(tmp_path):
     _check_no_lost_no_repeated(trials, 10, 2)
 
 
+@pytest.mark.slow
 def test_a_worker_joins_a_study_and_stops_at_its_budget(tmp_path):
     study = f"join-{uuid.uuid4().hex[:8]}"
     first = subprocess.run(_search(tmp_path, study, 4, 1), env=_env(tmp_path), capture_output=True, text=True,

@@ -15,7 +15,7 @@ from autotune.progress import log
 from autotune.recipes.warm_start import enqueue_recipes
 from autotune.redact import redact
 from autotune.results.export import write_recipes
-from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.search_space import default_space, load_space
 from autotune.study.coordination import budget_target
 from autotune.study.loop import run_search
 from autotune.study.settings import SearchSettings
@@ -85,8 +85,8 @@ def run(options: SearchOptions) -> SearchResult:
     starts, run the trials here or in local workers, and write the front's recipes."""
     spec = resolve_model(options.model)
     backend = make_backend(options.backend, options.hardware, options.isolate, options.trial_memory_mb)
-    space_file = str(options.space or DEFAULT_SPACE)
-    space = backend.adapt_space(load_space(space_file))
+    space_file = str(options.space or default_space(backend.runtime))
+    space = backend.space_for(load_space(space_file))
     hardware = options.hardware
     study_name = options.study or f"{spec.name}-{options.backend}" + (f"-{hardware}" if hardware else "")
     password_file = str(options.storage_password_file) if options.storage_password_file else None

@@ -2,7 +2,7 @@
 limited to what that device can honour."""
 from __future__ import annotations
 
-from autotune.backends.base import Backend, without_llamacpp_knobs
+from autotune.backends.base import Backend
 from autotune.backends.isolated import run_isolated
 from autotune.devices.base import Device, apply_limits
 from autotune.probe.capabilities import Capabilities, restrict_space
@@ -23,7 +23,7 @@ class AcceleratorBackend(Backend):
         return self.device().capabilities()
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        space = apply_limits(without_llamacpp_knobs(space), self.device().limits())
+        space = apply_limits(space, self.device().limits())
         caps = self.capabilities()
         return space if caps is None else restrict_space(space, caps)
 

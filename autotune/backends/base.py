@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from autotune.config.runtimes import DEFAULT_RUNTIME, runtime_of
+from autotune.errors import SpaceError
 from autotune.gate.cache import numerics_versions
 from autotune.host import num_cores
 from autotune.probe.capabilities import Capabilities
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Backend", "restrict_to_cores", "without_llamacpp_knobs"]
+__all__ = ["Backend", "restrict_to_cores"]
 
 
 class Backend(ABC):
@@ -24,9 +26,11 @@ class Backend(ABC):
     - `capabilities()` says what the hardware computes natively (autotune/probe/), as adapt_space used it; None
       where nothing was probed.
     - `gate_versions()` names the software whose kernels decide its gate figures, for the gate cache's key.
-    `measured` is False for backends whose figures are predictions (the simulator)."""
+    `measured` is False for backends whose figures are predictions (the simulator). `runtime` is what runs its
+    trials' configurations (config/runtimes.py): it searches spaces of that runtime only (`space_for`)."""
 
     name: str = ""
+    runtime: str = DEFAULT_RUNTIME
     measured: bool = True
     memory_limit_mb: float | None = None
 
@@ -44,6 +48,15 @@ class Backend(ABC):
 
     def capabilities(self) -> Capabilities | None:
         return None
+
+    def space_for(self, space: SearchSpace) -> SearchSpace:
+        """`space` adapted to this backend, refused where it is another runtime's: its knobs would have nothing
+        to be set on here."""
+        if space.runtime != self.runtime:
+            raise SpaceError(f"{space.source}: a space of the {space.runtime} runtime, and backend {self.name} runs "
+                             f"{self.runtime}: give it a {self.runtime} space (its default: "
+                             f"search_spaces/{runtime_of(self.runtime).space_file})")
+        return self.adapt_space(space)
 
     def gate_versions(self) -> dict:
         return numerics_versions()
@@ -67,7 +80,3 @@ def restrict_to_cores(space: SearchSpace, what: str) -> SearchSpace:
                           f"device_power is {what} and this machine has {cores} cores")
 
 
-def without_llamacpp_knobs(space: SearchSpace) -> SearchSpace:
-    """The space without llama.cpp's own knobs, each recorded as dropped with the reason: a backend that runs
-    autotune's engine has no GGUF file, llama.cpp context or llama.cpp attention kernel to set them on."""
-    return space.drop_held("a knob of llama.cpp (backend llamacpp); this backend runs autotune's own engine")

@@ -3,7 +3,7 @@ precisions the capability probe found native (or nearly as fast), fastest first,
 has."""
 from __future__ import annotations
 
-from autotune.backends.base import Backend, restrict_to_cores, without_llamacpp_knobs
+from autotune.backends.base import Backend, restrict_to_cores
 from autotune.backends.isolated import run_isolated
 from autotune.host import cpu_fingerprint
 from autotune.probe.capabilities import Capabilities, restrict_space
@@ -24,7 +24,7 @@ class CpuBackend(Backend):
         return cpu_capabilities()
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        space = without_llamacpp_knobs(restrict_to_cores(space, "the thread count on the CPU"))
+        space = restrict_to_cores(space, "the thread count on the CPU")
         return restrict_space(space, self.capabilities())
 
     def run(self, job: Job, timeout_s: float) -> JobResult:

@@ -184,6 +184,7 @@ class IsolatedBackend(Backend):
         self.inner = inner
         self.name = inner.name
         self.measured = inner.measured
+        self.runtime = inner.runtime
         self.memory_limit_mb = memory_limit_mb
 
     def unavailable(self) -> str | None:

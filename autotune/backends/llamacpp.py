@@ -3,9 +3,9 @@ configuration's GGUF, runs the accuracy gate on llama.cpp's own logits against t
 benchmarks llama.cpp's continuous batching on the study's workload, in its own process
 (autotune/llamacpp/trial.py). The reference and the speed baselines are transformers', as for the cpu backend.
 
-The space's engine knobs have no llama.cpp meaning and are dropped with their reasons; llama.cpp's own (GGUF type,
-flash attention, KV cache type, n_batch/n_ubatch, context size) are searched, with batch_size as llama.cpp's
-parallel sequences and device_power as its threads. Every trial's configuration is of the llamacpp runtime."""
+Its space is of the llamacpp runtime (search_spaces/llamacpp.yaml): llama.cpp's own knobs (GGUF type, flash
+attention, KV cache type, n_batch/n_ubatch, context size), with batch_size as llama.cpp's parallel sequences and
+device_power as its threads."""
 from __future__ import annotations
 
 from autotune.backends.base import Backend, restrict_to_cores
@@ -21,20 +21,9 @@ from autotune.trial.job import Job, JobKind, JobResult
 __all__ = ["LlamaCppBackend"]
 
 TRIAL_ENTRY = "autotune.llamacpp.trial"
-_NOT_LLAMACPP = {
-    "dtype": "llama.cpp computes in the GGUF file's types (gguf_type), not in a torch dtype",
-    "quant": "llama.cpp's quantization is the GGUF type (gguf_type), made by its own quantizer",
-    "quant_method": "llama.cpp's quantizer has its own methods per GGUF type",
-    "fallback_layers": "llama.cpp's quantizer chooses per-tensor types by the GGUF type (Q4_K_M keeps some at Q6_K)",
-    "fusion_level": "llama.cpp runs its own compute graphs; there is no torch.compile level",
-    "layers_per_subgraph": "llama.cpp runs its own compute graphs; there is no torch.compile split",
-    "page_size": "llama.cpp's KV cache is a unified pool of token cells, not of pages",
-    "kv_policy": "llama.cpp reserves its whole KV cache (n_ctx) when the context is made",
-}
-
-
 class LlamaCppBackend(Backend):
     name = GATE_DEVICE
+    runtime = "llamacpp"
 
     def unavailable(self) -> str | None:
         if installed() is None:
@@ -43,11 +32,7 @@ class LlamaCppBackend(Backend):
         return None
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
-        names = {d.name for d in space.dimensions}
-        for name, reason in _NOT_LLAMACPP.items():
-            if name in names:
-                space = space.restrict(name, (), reason)
-        return restrict_to_cores(space.with_runtime("llamacpp"), "llama.cpp's thread count")
+        return restrict_to_cores(space, "llama.cpp's thread count")
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
         if job.kind is not JobKind.TRIAL:  # the reference and the speed baselines: transformers', as on the cpu

@@ -2,7 +2,7 @@
 simulated. It measures nothing: not speed, not memory, and not the accuracy gate."""
 from __future__ import annotations
 
-from autotune.backends.base import Backend, without_llamacpp_knobs
+from autotune.backends.base import Backend
 from autotune.config.deploy import DTYPES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
@@ -56,7 +56,6 @@ class SimBackend(Backend):
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
         profile = self.profile
-        space = without_llamacpp_knobs(space)
         names = {d.name for d in space.dimensions}
         if "device_power" in names:
             values = space.dimension("device_power").values

@@ -23,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--backend", default=_D["backend"])
     s.add_argument("--hardware", default=_D["hardware"],
                    help="hardware profile, for --backend sim (see autotune hardware)")
-    s.add_argument("--space", default=_D["space"], help="search-space YAML (default: search_spaces/default.yaml)")
+    s.add_argument("--space", default=_D["space"],
+                   help="search-space YAML (default: search_spaces/default.yaml; search_spaces/llamacpp.yaml for "
+                        "--backend llamacpp)")
     s.add_argument("--trials", type=positive(int), default=_D["trials"],
                    help="at most this many new trials (default: no count; --timeout's budget ends the search)")
     s.add_argument("--patience", type=positive(int), default=_D["patience"],

@@ -5,6 +5,15 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
+from autotune.config.runtimes import (
+    DEFAULT_RUNTIME,
+    ENGINE_KNOBS,
+    LLAMACPP_KNOBS,
+    RUNTIMES,
+    other_knobs,
+    runtime_of,
+)
+
 __all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES",
            "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES", "RUNTIMES", "LLAMACPP_KNOBS",
            "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "check_llamacpp_knobs"]
@@ -32,16 +41,9 @@ QUANT_METHODS: dict[str, tuple[str, ...]] = {
 FALLBACK_LAYERS = (0, 1, 2, 4, 8)
 FUSION_LEVELS = ("O0", "O1", "O2")
 KV_POLICIES = ("preallocate", "on_demand", "pool")
-# What runs the model: autotune's own engine (torch), or llama.cpp on a GGUF file (the llamacpp backend). Each has
-# knobs the other has no meaning for; batch_size (llama.cpp's parallel sequences) and device_power (its threads)
-# are shared.
-RUNTIMES = ("engine", "llamacpp")
-ENGINE_KNOBS = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph",
-                "page_size", "kv_policy")
-# llama.cpp's own: the GGUF file's type, the most tokens one decode call takes (n_batch) and one compute graph runs
-# (n_ubatch), the attention kernel, the KV cache's type and its size in tokens (0: the model's trained context),
-# shared by the parallel sequences.
-LLAMACPP_KNOBS = ("gguf_type", "n_batch", "n_ubatch", "flash_attn", "kv_type", "n_ctx")
+# What runs the model (autotune/config/runtimes.py): autotune's own engine (torch), or llama.cpp on a GGUF file.
+# Each has knobs the other has no meaning for; batch_size (llama.cpp's parallel sequences) and device_power (its
+# threads) are shared.
 # "source": the model's own GGUF as shipped (SmolLM2's is Q4_1); the others are made from it once per model with
 # llama.cpp's quantizer (autotune/llamacpp/gguf_files.py) and cached.
 GGUF_TYPES = ("source", "Q4_0", "Q4_K_M", "Q8_0", "F16", "BF16")
@@ -104,7 +106,7 @@ class DeployConfig:
     fallback_layers: int = 0  # the most sensitive decoder linear layers kept in the compute dtype
     # Default bf16: what every configuration computed in before the knob existed, so that old ones read the same.
     dtype: str = "bf16"
-    runtime: str = "engine"  # one of RUNTIMES; the llamacpp backend's configurations are "llamacpp"
+    runtime: str = DEFAULT_RUNTIME  # one of RUNTIMES; the llamacpp backend's configurations are "llamacpp"
     # llama.cpp's knobs (LLAMACPP_KNOBS), at these defaults unless the runtime is llamacpp: llama-server's given
     # only a model, but for a context that holds the study's batch.
     gguf_type: str = "source"
@@ -142,12 +144,10 @@ class DeployConfig:
             raise ValueError(f"kv_policy must be one of {KV_POLICIES}, not {self.kv_policy!r}")
         if self.device_power < 0:
             raise ValueError(f"device_power must be >= 0, not {self.device_power}")
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"runtime must be one of {RUNTIMES}, not {self.runtime!r}")
+        runtime_of(self.runtime)
         check_llamacpp_knobs(*(getattr(self, k) for k in LLAMACPP_KNOBS))
-        # A knob of the other runtime away from its default would be recorded but never applied.
-        other = LLAMACPP_KNOBS if self.runtime == "engine" else ENGINE_KNOBS
-        stray = [k for k in other if getattr(self, k) != _DEFAULTS[k]]
+        # A knob of another runtime away from its default would be recorded but never applied.
+        stray = [k for k in other_knobs(self.runtime) if getattr(self, k) != _DEFAULTS[k]]
         if stray:
             raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to the "
                              f"{self.runtime} runtime")
@@ -176,12 +176,14 @@ class DeployConfig:
         return cls(**values)
 
     def to_dict(self) -> dict:
-        """The runtime's own knobs and the shared ones: a configuration of the engine reads as it did before
-        llama.cpp's knobs existed, one of llama.cpp carries none of the engine's."""
-        values = asdict(self)
-        if self.runtime == "engine":
-            return {k: v for k, v in values.items() if k not in LLAMACPP_KNOBS and k != "runtime"}
-        return {k: v for k, v in values.items() if k not in ENGINE_KNOBS}
+        """The runtime's own knobs and the shared ones, the runtime named unless it is the default: a configuration
+        of the engine reads as it did before llama.cpp's knobs existed, one of llama.cpp carries none of the
+        engine's."""
+        other = other_knobs(self.runtime)
+        values = {k: v for k, v in asdict(self).items() if k not in other}
+        if not runtime_of(self.runtime).named:
+            del values["runtime"]
+        return values
 
     def _keyed(self, names) -> dict:
         out = {k: getattr(self, k) for k in names if k not in _LATER_KNOBS or _DEFAULTS[k] != getattr(self, k)}
@@ -191,30 +193,18 @@ class DeployConfig:
 
     def numerics_key(self) -> str:
         """Stable key of the knobs that change numerics (see NUMERICS_KNOBS), of this configuration's runtime."""
-        other = LLAMACPP_KNOBS if self.runtime == "engine" else ENGINE_KNOBS
+        other = other_knobs(self.runtime)
         return json.dumps(self._keyed(k for k in NUMERICS_KNOBS if k not in other), sort_keys=True)
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self._keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
 
     def scheme_label(self) -> str:
-        """The precision alone ("fp32") for quant none, else the scheme with its method and fallback where they are
-        not the defaults and the precision it computes in: "w4a16+awq+fb2@bf16"; for llama.cpp, the GGUF type."""
-        if self.runtime == "llamacpp":
-            return f"gguf:{self.gguf_type}"
-        if self.quant == "none":
-            return self.dtype
-        method = "" if self.quant_method == "rtn" else f"+{self.quant_method}"
-        fallback = f"+fb{self.fallback_layers}" if self.fallback_layers else ""
-        return f"{self.quant}{method}{fallback}@{self.dtype}"
+        """The numerics in a word: "fp32", "w4a16+awq+fb2@bf16", "gguf:Q8_0" (its runtime's, config/runtimes.py)."""
+        return RUNTIMES[self.runtime].scheme_label(self)
 
     def label(self) -> str:
-        if self.runtime == "llamacpp":
-            return (f"llama.cpp {self.gguf_type}/fa={self.flash_attn}/kv={self.kv_type}/np={self.batch_size}"
-                    f"/b={self.n_batch}/ub={self.n_ubatch}/c={self.n_ctx}/t={self.device_power or 'all'}")
-        split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"
-        return (f"{self.scheme_label()}/{self.fusion_level}{split}/bs={self.batch_size}/page={self.page_size}"
-                f"/{self.kv_policy}/power={self.device_power}")
+        return RUNTIMES[self.runtime].label(self)
 
 
 # Every knob's default, as the class declares it: what a knob of the other runtime must stay at, and what a later

@@ -22,7 +22,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, t) for name, t in T
 
 # How each fusion level runs a segment: O0 eager; O1 inductor, weights as graph inputs (segments of equal length
 # share one graph); O2 inductor with freezing: weights folded in as constants and prepacked for oneDNN, one graph
-# per segment. (max-autotune was measured here and lost: 27.1 -> 29.5 ms a decode step, minutes more to compile.)
+# per segment. (max-autotune was measured and lost: slower decode steps, for minutes more of compiling.)
 COMPILE_MODES: dict[str, str | None] = {"O0": None, "O1": "default", "O2": "freezing"}
 
 

@@ -7,7 +7,8 @@ scheme's own quantizer, the activation multiplied by the reciprocal first: torch
 changes for this engine and this CPU: the statistics are read from the calibration pass cached per model instead
 of observers re-run at every build, and AWQ's search scores each candidate over all calibration positions through
 their Gram matrix with the int4 kernel's own rounding (autotune/quant/awq.py), since torchao's AWQ needs a torchao
-int4 tensor that keeps every input (3 s per layer on 512 positions here, in bf16; 26 s in fp32)."""
+int4 tensor that keeps every input, seconds per layer at the calibration set's size and several times that in
+fp32."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

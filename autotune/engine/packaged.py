@@ -40,8 +40,8 @@ __all__ = ["PackagedGraphs", "package_graphs", "digests_path"]
 # What torch.compile runs at O2 on the CPU (engine/build.py COMPILE_MODES): inductor's defaults, frozen. The frozen
 # constants stay inside each package's .so (AOTInductor's default): with `aot_inductor.package_constants_in_so`
 # False the process crashed loading prepacked weights (torch 2.13). The cost: a loaded package keeps its .so's
-# constant pages mapped beside the copies it runs on (SmolLM2 O2: RSS 3.8 GB against torch.compile's 2.4 GB, 1.7 GB
-# of it clean file-backed pages that the kernel may reclaim).
+# constant pages mapped beside the copies it runs on, so a served O2 process's RSS is above its trial's, by clean
+# file-backed pages that the kernel may reclaim.
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 
 # Dimensions dynamo treats as dynamic (engine/model.py marks them), by entry and input; the rest stay static.

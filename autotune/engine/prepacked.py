@@ -1,10 +1,9 @@
 """fp32 linear layers through oneDNN with their weights reordered once, at build, into its blocked layout.
 
 aten's fp32 matmul (MKL sgemm) reads a row-major weight on every call; at decode shapes (a few rows against a
-weight far larger than the caches) that streams the weights at a fraction of the memory bandwidth. On a 2-core
-AMD EPYC (Zen 3, AVX2), 120 SmolLM2-shaped decoder linears took 76.9 ms at 8 rows and 102.8 ms at 16 through
-F.linear, 37.8 and 52.2 ms through oneDNN with prepacked weights, and 2,048 rows (prefill) 3.41 s against 2.94 s
-(medians of 5, in one process). The blocked weight is an opaque oneDNN tensor that inductor accepts only as a
+weight far larger than the caches) that streams the weights at a fraction of the memory bandwidth; oneDNN with the
+weight prepacked once runs the same decode-shaped matmuls about twice as fast (docs/measurements.md, "AMD EPYC Zen
+3, AVX2 only"). The blocked weight is an opaque oneDNN tensor that inductor accepts only as a
 frozen constant, so this is the eager (O0) path; O2's freezing prepacks for itself."""
 from __future__ import annotations
 

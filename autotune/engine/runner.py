@@ -113,11 +113,11 @@ class Runner:
     def _decode_pages(self, seqs: list[Sequence]) -> int:
         """Block-table width of a decode step of `seqs` (each about to write position `length`). With
         `dynamic_context` (CPU serving): the pages its longest row uses, so that attention reads a 200-token batch's
-        pages rather than a 512-token context's (at batch 16 on a 2-core Zen 4, 12% of the throughput), one graph
-        per batch bucket taking every width (the model marks it dynamic), and at least 2 pages: dynamo specialises a
-        size of 1, and a width of 1 would be another graph, compiled on a user's request. Otherwise the whole
-        context, every step: one static graph, as trials measure it, and as captured graphs (CUDA graphs, aclgraph)
-        want, one recording per shape."""
+        pages rather than a 512-token context's (docs/measurements.md, "A decode step reads only its rows' pages"),
+        one graph per batch bucket taking every width (the model marks it dynamic), and at least 2 pages: dynamo
+        specialises a size of 1, and a width of 1 would be another graph, compiled on a user's request. Otherwise
+        the whole context, every step: one static graph, as trials measure it, and as captured graphs (CUDA graphs,
+        aclgraph) want, one recording per shape."""
         full = self.cache.pages_per_seq
         if not self.dynamic_context:
             return full

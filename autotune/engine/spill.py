@@ -1,10 +1,10 @@
-"""O2's eager weights out of memory. Inductor freezing folds each graph's weights into it as constants, most of
-them prepacked copies for oneDNN, so after compiling the eager parameters are a second, unused copy of the weights
-(measured on SmolLM2: see README, "Recipes"). They cannot simply be deleted: every new graph (a prefill shape
-that does not fit the dynamic one, another batch size, a new runner) is traced and frozen again from them. So
-they move to a read-only, file-backed private mapping of an unlinked file: the OS reads a page back when a compile
-touches it, and at the end of each compile the pages are dropped again. Nothing writes to them (a write would
-fault: the mapping is read-only), so a dropped page always reads back the same bytes. (torch._dynamo.reset()
+"""O2's eager weights out of memory. Inductor freezing folds each graph's weights into it as constants, most of them
+prepacked copies for oneDNN, so after compiling the eager parameters are a second, unused copy of the weights
+(measured on SmolLM2: docs/how-it-works.md, "O2 and memory"). They cannot simply be deleted: every new graph (a
+prefill shape that does not fit the dynamic one, another batch size, a new runner) is traced and frozen again from
+them. So they move to a read-only, file-backed private mapping of an unlinked file: the OS reads a page back when a
+compile touches it, and at the end of each compile the pages are dropped again. Nothing writes to them (a write
+would fault: the mapping is read-only), so a dropped page always reads back the same bytes. (torch._dynamo.reset()
 clears dynamo's callbacks, this one too: pages read by later compiles then stay, the results are the same.)"""
 from __future__ import annotations
 

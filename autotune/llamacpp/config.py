@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune.config.deploy import LLAMACPP_KNOBS, DeployConfig, check_llamacpp_knobs
 
-__all__ = ["LlamaCppConfig", "SERVER_DEFAULTS"]
+__all__ = ["LlamaCppConfig", "SERVER_DEFAULTS", "LLAMACPP"]
+
+# This runtime's name (autotune/config/runtimes.py).
+LLAMACPP = "llamacpp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +38,14 @@ class LlamaCppConfig:
     def of(cls, config: DeployConfig) -> LlamaCppConfig:
         """A study's configuration (runtime llamacpp) in llama.cpp's terms: batch_size is the parallel sequences,
         device_power the threads."""
-        if config.runtime != "llamacpp":
+        if config.runtime != LLAMACPP:
             raise ValueError(f"{config.label()} is a configuration of the {config.runtime} runtime, not of llama.cpp")
         return cls(threads=config.device_power, parallel=config.batch_size,
                    **{k: getattr(config, k) for k in LLAMACPP_KNOBS})
 
     def deploy(self) -> DeployConfig:
         """The same knobs as a study's configuration (of() inverted)."""
-        return DeployConfig(runtime="llamacpp", batch_size=self.parallel, device_power=self.threads,
+        return DeployConfig(runtime=LLAMACPP, batch_size=self.parallel, device_power=self.threads,
                             **{k: getattr(self, k) for k in LLAMACPP_KNOBS})
 
     @classmethod

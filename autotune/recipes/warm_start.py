@@ -25,7 +25,7 @@ def _params(config: dict, space: SearchSpace) -> dict | None:
         deploy = DeployConfig.from_dict(config)
     except (TypeError, ValueError):
         return None
-    if deploy.runtime != space.fixed.get("runtime", "engine"):
+    if deploy.runtime != space.runtime:
         return None  # another runtime's recipe: llama.cpp's knobs mean nothing to the engine, and the other way
     config = deploy.to_dict()
     params: dict = {}

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from autotune.benchmark.peak_rss import trim_heap
+from autotune.config.runtimes import runtime_of
 from autotune.devices.registry import get_device
 from autotune.engine import build_engine
 from autotune.errors import UserInputError
@@ -60,9 +61,10 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
                              f"recipe was made for ({recipe.data['model']['checksum']}); pass --force to serve anyway")
     config = recipe.config
-    if config.runtime != "engine":
-        raise UserInputError(f"{recipe.path} is a {config.runtime} recipe: `autotune serve` runs it with "
-                             "llama-server, not with autotune's engine")
+    runtime = runtime_of(config.runtime)
+    if not runtime.torch_engine:
+        raise UserInputError(f"{recipe.path} is a {runtime.name} recipe: `autotune serve` runs it with "
+                             f"{runtime.server}, not with autotune's engine")
     if where.threads:
         torch.set_num_threads(where.threads)
     # The CPU path of the engine does not go through a Device (autotune/devices/base.py); accelerators do.
@@ -124,8 +126,10 @@ def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: b
         key = "with" if access.api_key else "WITHOUT"
         log(f"serve: listening on {host}, not only loopback, {key} an API key: anyone who can reach this machine "
             f"{'and has the key ' if access.api_key else ''}can use it")
-    if recipe.config.runtime == "llamacpp":
-        placement(recipe, draft)  # llama-cpp-python missing here: refused in one line, as for any backend
+    if not runtime_of(recipe.config.runtime).torch_engine:
+        # llama.cpp, the one runtime with a server of its own. llama-cpp-python missing here: refused in one line,
+        # as for any backend.
+        placement(recipe, draft)
         return serve_with_llama_server(recipe, host, port, force, api_key=access.api_key)
     # One tokenizer call at a time per request: a Rust thread pool of its own would only take CPU from the engine.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

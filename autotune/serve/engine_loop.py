@@ -9,8 +9,8 @@ On the CPU the engine thread should be the thread that built the engine (`autotu
 main thread, `run()`): torch's OpenMP runtime (libgomp) keeps a pool of workers per thread that ever ran a
 parallel region, and once it manages more workers than there are CPUs its idle workers stop spinning and sleep,
 so every one of the thousands of parallel regions of a decode step waits for a wake-up (scripts/omp_threads.py
-times one matmul both ways; on a 2-core EPYC a served SmolLM2 token at concurrency 1 went from 71 to 35 ms when
-the loop moved to the main thread). `start()` runs the loop on a thread of its own, for a process whose main
+times one matmul both ways; docs/measurements.md, "Before: the hand-written server", has what it cost a served
+token). `start()` runs the loop on a thread of its own, for a process whose main
 thread is busy elsewhere (tests, embedding), at that cost."""
 from __future__ import annotations
 

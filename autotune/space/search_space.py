@@ -14,20 +14,25 @@ from autotune.config.deploy import (
     GGUF_TYPES,
     KV_POLICIES,
     KV_TYPES,
-    LLAMACPP_KNOBS,
     NUMERICS_KNOBS,
     QUANT_METHODS,
     QUANT_SCHEMES,
     DeployConfig,
 )
+from autotune.config.runtimes import DEFAULT_RUNTIME, RUNTIMES, SHARED_KNOBS, other_knobs, runtime_of
 from autotune.errors import SpaceError
 
-__all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE"]
+__all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE", "default_space"]
 
-DEFAULT_SPACE = Path(__file__).resolve().parents[2] / "search_spaces" / "default.yaml"
-_KNOWN = ("dtype", "quant", "quant_method", "fallback_layers", "fusion_level", "layers_per_subgraph", "batch_size",
-          "page_size", "kv_policy", "device_power", "gguf_type", "flash_attn", "kv_type", "n_batch", "n_ubatch",
-          "n_ctx")
+_SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
+DEFAULT_SPACE = _SPACES / "default.yaml"
+_KNOWN = (*SHARED_KNOBS, *(k for r in RUNTIMES.values() for k in r.knobs))
+
+
+def default_space(runtime: str = DEFAULT_RUNTIME) -> Path:
+    """The space file a search of `runtime` uses unless given one: search_spaces/default.yaml for the engine,
+    search_spaces/RUNTIME.yaml for the others."""
+    return _SPACES / runtime_of(runtime).space_file
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +85,9 @@ class SearchSpace:
     speed_baselines: tuple[SpeedBaseline, ...] = _DEFAULT_BASELINES
     # Values the device runs only through a slow kernel ("w8a16@fp32" -> why): kept, but the guide tries them last.
     ordered_last: dict[str, str] = field(default_factory=dict)
-    # Configuration values the backend sets that are no dimension ({"runtime": "llamacpp"}): part of every trial's.
-    fixed: dict[str, Any] = field(default_factory=dict)
-    # Dimensions of another runtime than the engine, by runtime ({"llamacpp": (gguf_type, ...)}): held aside, so that
-    # a space as loaded is the engine's; a backend of that runtime takes them in (with_runtime), the others drop
-    # them with their reason (drop_held).
-    held: dict[str, tuple[Dimension, ...]] = field(default_factory=dict)
+    # What runs every configuration of this space (config/runtimes.py), as its file names it (`runtime:`): only a
+    # backend of that runtime searches it.
+    runtime: str = DEFAULT_RUNTIME
 
     def dimension(self, name: str) -> Dimension:
         return next(d for d in self.dimensions if d.name == name)
@@ -128,8 +130,8 @@ class SearchSpace:
         return params
 
     def to_config(self, params: dict[str, Any]) -> DeployConfig:
-        """A trial's configuration: its parameters and what the backend fixed."""
-        return DeployConfig.from_params({**self.fixed, **params})
+        """A trial's configuration: its parameters, of this space's runtime."""
+        return DeployConfig.from_params({**params, "runtime": self.runtime})
 
     def restrict(self, name: str, keep: tuple[Any, ...], reason: str) -> SearchSpace:
         """A copy with `name` limited to `keep`; with nothing kept the dimension is dropped. The reason is recorded."""
@@ -151,18 +153,6 @@ class SearchSpace:
         values = tuple(v for v in order if v in dim.values) + tuple(v for v in dim.values if v not in order)
         return replace(self, dimensions=tuple(replace(d, values=values) if d.name == name else d
                                               for d in self.dimensions))
-
-    def with_runtime(self, runtime: str) -> SearchSpace:
-        """The space of another runtime: its held dimensions searched, every trial's configuration of that runtime.
-        The engine's own dimensions are the backend's to drop first, each with its reason."""
-        return replace(self, dimensions=self.dimensions + self.held.get(runtime, ()),
-                       held={k: v for k, v in self.held.items() if k != runtime},
-                       fixed={**self.fixed, "runtime": runtime})
-
-    def drop_held(self, reason: str) -> SearchSpace:
-        """The space without the dimensions held for other runtimes, each recorded as dropped with `reason`."""
-        dropped = {d.name: f"dropped: {reason}" for dims in self.held.values() for d in dims}
-        return replace(self, held={}, dropped={**self.dropped, **dropped})
 
     def note_ordered_last(self, slow: dict[str, str]) -> SearchSpace:
         return replace(self, ordered_last={**self.ordered_last, **slow})
@@ -277,15 +267,24 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
         raise SpaceError(f"{path}: the file is empty")
     top = _mapping(path, root, "the space file")
     for key, node in top.items():
-        if key not in ("version", "dimensions", "baseline", "speed_baselines"):
-            raise _fail(path, _key(root, key), f"unknown section {key!r} (expected version, dimensions, baseline, "
-                        "speed_baselines)")
+        if key not in ("version", "runtime", "dimensions", "baseline", "speed_baselines"):
+            raise _fail(path, _key(root, key), f"unknown section {key!r} (expected version, runtime, dimensions, "
+                        "baseline, speed_baselines)")
+    runtime = yaml.safe_load(yaml.serialize(top["runtime"])) if "runtime" in top else DEFAULT_RUNTIME
+    if runtime not in RUNTIMES:
+        raise _fail(path, top["runtime"], f"runtime {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    foreign = set(other_knobs(runtime))
     if "dimensions" not in top:
         raise _fail(path, root, "missing section 'dimensions'")
     dims: list[Dimension] = []
     for name, node in _mapping(path, top["dimensions"], "dimensions").items():
         if name not in _KNOWN:
             raise _fail(path, _key(top["dimensions"], name), f"unknown dimension {name!r}; known: {', '.join(_KNOWN)}")
+        if name in foreign:
+            owner = next(r.name for r in RUNTIMES.values() if name in r.knobs)
+            raise _fail(path, _key(top["dimensions"], name), f"{name} is a knob of the {owner} runtime, and this "
+                        f"space's runtime is {runtime} (`runtime:` at the top, default {DEFAULT_RUNTIME}); "
+                        f"{owner}'s knobs go in a space of its own ({default_space(owner).name})")
         spec = _mapping(path, node, f"dimension {name}")
         for key, sub in spec.items():
             if key not in ("values", "numerics", "when", "by"):
@@ -335,9 +334,7 @@ def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:
                 raise _fail(path, node, f"baseline {name}={value!r} is not among that dimension's values")
             baseline[name] = value
     speed = _speed_baselines(path, top["speed_baselines"]) if "speed_baselines" in top else _DEFAULT_BASELINES
-    held = tuple(d for d in dims if d.name in LLAMACPP_KNOBS)
-    return SearchSpace(tuple(d for d in dims if d.name not in LLAMACPP_KNOBS), baseline, source=path,
-                       speed_baselines=speed, held={"llamacpp": held} if held else {})
+    return SearchSpace(tuple(dims), baseline, source=path, speed_baselines=speed, runtime=runtime)
 
 
 def _check_llamacpp_pairs(path: str, node: yaml.Node, dims: dict[str, Dimension]) -> None:

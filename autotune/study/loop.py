@@ -9,7 +9,7 @@ import optuna
 
 from autotune.backends import Backend
 from autotune.config.deploy import DeployConfig
-from autotune.gate.cache import gate_inputs, gate_key, load_gate
+from autotune.gate.cache import load_gate
 from autotune.gate.result import GateResult
 from autotune.progress import log, notify
 from autotune.space.search_space import SearchSpace
@@ -37,6 +37,7 @@ from autotune.study.turns import (
     over_budget,
     typical_trial_s,
 )
+from autotune.trial.gate_key import trial_gate_key
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["run_search", "best_so_far"]
@@ -189,17 +190,16 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
     if previous is not None:
         log(f"  same configuration as trial #{previous.number}: its result is reused, and it is not counted")
         return _reused(trial, previous)
-    checksum, digest = study.user_attrs["model_checksum"], study.user_attrs["eval_digest"]
+    job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, front=_front(study),
+              **common)
     # Keyed by the numerics, the verdict's settings, the device and the threads: a cached entry's teacher-forced
     # verdict holds for this trial; its decode figures were of another batch and page size, so only a windows
     # failure ends the trial here, and a pass has the decode check run again in the trial.
-    cached_gate = load_gate(gate_key(gate_inputs(checksum, digest, config, tie_epsilon=settings.tie_epsilon,
-                                                 min_agreement=settings.min_agreement, device=backend.name,
-                                                 threads=config.device_power, versions=backend.gate_versions())))
+    job.gate = load_gate(trial_gate_key(job, checksum=study.user_attrs["model_checksum"], device=backend.name,
+                                        versions=backend.gate_versions(), eval_digest=study.user_attrs["eval_digest"]))
+    cached_gate = job.gate
     if cached_gate is not None and not GateResult.from_dict(cached_gate).windows_passed:
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)
-    job = Job(kind=JobKind.TRIAL, config=config.to_dict(), threads=config.device_power, gate=cached_gate,
-              front=_front(study), **common)
     limit = _limit(study, settings, guide, config, gated=cached_gate is None)
     trial.set_user_attr("trial_limit", limit.to_dict())
     log(f"  limit {limit.seconds:.0f} s: {limit.reason}")

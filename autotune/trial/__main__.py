@@ -2,12 +2,11 @@
 envelope's job on its device (autotune/trial/child.py has the protocol)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from autotune.devices.registry import get_device
-from autotune.trial.child import Envelope, partial_path, run_child
+from autotune.trial.child import Envelope, checkpoint_writer, run_child
 from autotune.trial.job import JobResult
 from autotune.trial.run import run_job
 
@@ -15,14 +14,7 @@ from autotune.trial.run import run_job
 def _run_on_device(envelope: Envelope) -> JobResult:
     # The CPU path of the engine predates the Device interface and does not go through one.
     device = None if envelope.device == "cpu" else get_device(envelope.device)
-    partial = partial_path(Path(sys.argv[2]))
-
-    def checkpoint(found: dict) -> None:
-        tmp = partial.with_suffix(".tmp")
-        tmp.write_text(json.dumps(found))
-        tmp.replace(partial)  # whole or absent, whenever the parent reads it
-
-    return run_job(envelope.job, device, checkpoint)
+    return run_job(envelope.job, device, checkpoint_writer(Path(sys.argv[2])))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune.trial.job import Job, JobResult
 
-__all__ = ["Envelope", "run_child", "limit_memory", "address_space_limited", "partial_path"]
+__all__ = ["Envelope", "run_child", "limit_memory", "address_space_limited", "partial_path", "checkpoint_writer"]
 
 
 @dataclass(slots=True)
@@ -42,6 +42,18 @@ def partial_path(result_path: Path) -> Path:
     """Where a child writes what it found before it is done (a trial's gate figures): read by the parent when
     the child is stopped at its limit."""
     return result_path.with_name(result_path.stem + ".partial.json")
+
+
+def checkpoint_writer(result_path: Path) -> Callable[[dict], None]:
+    """A trial's checkpoint in its child process: what it found so far, written beside its result file, whole or
+    absent whenever the parent reads it (autotune/backends/isolated.py, when the trial is stopped at its limit)."""
+    partial = partial_path(result_path)
+
+    def checkpoint(found: dict) -> None:
+        tmp = partial.with_suffix(".tmp")
+        tmp.write_text(json.dumps(found))
+        tmp.replace(partial)
+    return checkpoint
 
 
 def address_space_limited(device: str) -> bool:

@@ -3,8 +3,6 @@ speed baseline. The device it builds on is given by the caller (autotune/trial/c
 from __future__ import annotations
 
 import platform
-import time
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -20,7 +18,7 @@ from autotune.engine import Engine, build_engine
 from autotune.engine.calibrated import QuantPlan
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
-from autotune.gate.cache import gate_inputs, gate_key, reference_path, store_gate
+from autotune.gate.cache import reference_path
 from autotune.gate.corpus import bench_prompts, decode_prompts, eval_set_digest, eval_windows
 from autotune.gate.reference import cached_reference
 from autotune.models.registry import ModelSpec, resolve_model
@@ -29,12 +27,10 @@ from autotune.progress import log
 from autotune.quant.plan import quant_plan
 from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.trial.job import Job, JobKind, JobResult, Status
+from autotune.trial.pipeline import Checkpoint, run_trial
 
 __all__ = ["run_job", "Checkpoint"]
 
-# Called with what a job has found so far (a trial's gate figures, before its benchmark): a trial stopped at its
-# wall-clock limit keeps them (autotune/trial/__main__.py writes them beside the result).
-Checkpoint = Callable[[dict], None]
 
 
 def _versions() -> dict:
@@ -53,81 +49,74 @@ def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base
     return JobResult(Status.OK, path=str(reference_path(model_checksum(spec), eval_set_digest(job.eval_positions))))
 
 
-def _gate(job: Job, engine: Engine, spec: ModelSpec, tokenizer, device: Device | None,
-          workload: Workload) -> tuple[dict, bool]:
-    """(gate figures, whether the teacher-forced part came from the cache). The decode check runs in every
-    trial: it is of this configuration's decode path (batch size, page size), which the numerics key that the
-    cache is keyed by does not hold."""
-    checksum = model_checksum(spec)
-    ref = cached_reference(checksum, tokenizer, job.eval_positions, lambda: load_hf_model(spec, "float32"))
-    prompts = decode_prompts(tokenizer, eval_positions=job.eval_positions)
-    # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
-    shapes = dict(max_seq_len=workload.max_seq_len, pool_tokens=engine.config.batch_size * workload.max_seq_len)
-    if job.gate is not None:
-        log("  gate: teacher-forced figures of these numerics cached; decode check through this configuration")
-        decode = decode_check(engine, ref, prompts, job.tie_epsilon, job.min_agreement, **shapes)
-        gate = GateResult.from_dict({**job.gate, **decode}).to_dict()
-        return {**job.gate, **gate}, True
-    log("  gate: teacher-forced agreement with the fp32 reference, then through the decode path")
-    gate = evaluate_gate(engine, ref, eval_windows(tokenizer, job.eval_positions), prompts,
-                         tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement, **shapes).to_dict()
-    device_name = device.name if device is not None else "cpu"
-    keep = tuple(job.keep) if job.keep is not None else None
-    store_gate(gate_key(gate_inputs(checksum, eval_set_digest(job.eval_positions), engine.config,
-                                    tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement,
-                                    device=device_name, threads=job.threads, kept_layers=keep)), gate)
-    return gate, False
-
-
-def _gate_line(gate: dict) -> str:
-    line = f"tie-aware {gate['tie_aware_agreement']:.4f}, raw {gate['raw_agreement']:.4f}, ppl {gate['perplexity']:.2f}"
-    if gate.get("stopped_early"):
-        return f"{line} after {gate['positions']} positions: stopped, a pass was out of reach (FAIL)"
-    if gate.get("decode_agreement") is not None:
-        line += (f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions of "
-                 f"{gate['decode_prompts']} prompts, {gate['decode_verdict']}")
-    return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
-
-
 def quant_record(plan: QuantPlan | None, engine: Engine) -> dict:
     """What a trial stores of its quantize step: the plan's summary (method, calibration provenance, sensitivity)
     and what the build did (layers converted, layers kept)."""
     return {**(plan.summary if plan else {}), **engine.quantization}
 
 
+class _EngineStages:
+    """The engine's trial stages (trial/pipeline.py): build on `device` (None: the CPU path), the gate against the
+    fp32 reference through the engine, the benchmark of its runner."""
+
+    versions = None  # torch's stack: gate/cache.numerics_versions
+
+    def __init__(self, job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> None:
+        self.job, self.spec, self.tokenizer, self.base_rss = job, spec, tokenizer, base_rss
+        self.torch_device = device
+        self.device = device.name if device is not None else "cpu"
+        self.config = DeployConfig.from_dict(job.config)
+        self.workload = Workload(**job.workload)
+        self.checksum = model_checksum(spec)
+        self.engine: Engine | None = None
+
+    def build(self) -> JobResult:
+        hf = load_hf_model(self.spec, "float32")
+        log(f"  build {self.config.label()}")
+        # Calibration, sensitivity: cached after the first trial. A recipe's own kept layers where it is re-measured.
+        plan = quant_plan(hf, self.spec, self.tokenizer, self.config,
+                          tuple(self.job.keep) if self.job.keep is not None else None)
+        self.engine = build_engine(hf, self.config, device=self.torch_device, plan=plan)
+        del hf
+        return JobResult(Status.OK, build_s=self.engine.build_seconds, quant=quant_record(plan, self.engine))
+
+    def gate(self, cached: dict | None) -> dict:
+        """The decode check runs in every trial: it is of this configuration's decode path (batch size, page size),
+        which the numerics key that the cache is keyed by does not hold."""
+        job = self.job
+        ref = cached_reference(self.checksum, self.tokenizer, job.eval_positions,
+                               lambda: load_hf_model(self.spec, "float32"))
+        prompts = decode_prompts(self.tokenizer, eval_positions=job.eval_positions)
+        # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
+        shapes = dict(max_seq_len=self.workload.max_seq_len,
+                      pool_tokens=self.config.batch_size * self.workload.max_seq_len)
+        if cached is not None:
+            log("  gate: teacher-forced figures of these numerics cached; decode check through this configuration")
+            decode = decode_check(self.engine, ref, prompts, job.tie_epsilon, job.min_agreement, **shapes)
+            return {**cached, **GateResult.from_dict({**cached, **decode}).to_dict()}
+        log("  gate: teacher-forced agreement with the fp32 reference, then through the decode path")
+        return evaluate_gate(self.engine, ref, eval_windows(self.tokenizer, job.eval_positions), prompts,
+                             tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement, **shapes).to_dict()
+
+    def bench(self) -> dict:
+        job, workload = self.job, self.workload
+        prompts = bench_prompts(self.tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
+                                workload.seed)
+        # A screening wave only where a front exists that could cut it.
+        policy = policy_for(self.config.fusion_level, job.repeats, job.repeat_time_s, screen=bool(job.front))
+        return benchmark_engine(self.engine, prompts, workload, policy=policy, base_rss=self.base_rss,
+                                device=self.torch_device, cut=dominated_cut(job.front) if job.front else None)
+
+    def timing(self) -> dict:
+        return {"compile_s": compile_seconds()}
+
+    def close(self) -> None:
+        self.engine = None
+
+
 def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
            checkpoint: Checkpoint) -> JobResult:
-    config = DeployConfig.from_dict(job.config)
-    workload = Workload(**job.workload)
-    hf = load_hf_model(spec, "float32")
-    log(f"  build {config.label()}")
-    # Calibration, sensitivity: cached after the first trial. A recipe's own kept layers where it is re-measured.
-    plan = quant_plan(hf, spec, tokenizer, config, tuple(job.keep) if job.keep is not None else None)
-    engine = build_engine(hf, config, device=device, plan=plan)
-    del hf
-    result = JobResult(Status.OK, build_s=engine.build_seconds, quant=quant_record(plan, engine))
-    timing = {"build_s": engine.build_seconds}
-    t0 = time.perf_counter()
-    gate, cached = _gate(job, engine, spec, tokenizer, device, workload)
-    timing["gate_s"] = gate["seconds"] = time.perf_counter() - t0
-    result.gate, result.gate_cached, result.timing = gate, cached, timing
-    checkpoint({"gate": gate, "gate_cached": cached, "timing": timing, "build_s": engine.build_seconds})
-    log(f"  gate: {_gate_line(gate)}")
-    if not gate["passed"]:
-        result.status = Status.GATED
-        timing["compile_s"] = compile_seconds()
-        return result
-    log("  benchmark")
-    prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
-                            workload.seed)
-    t0 = time.perf_counter()
-    # A screening wave only where a front exists that could cut it.
-    policy = policy_for(config.fusion_level, job.repeats, job.repeat_time_s, screen=bool(job.front))
-    result.bench = benchmark_engine(engine, prompts, workload, policy=policy, base_rss=base_rss,
-                                    device=device, cut=dominated_cut(job.front) if job.front else None)
-    timing["bench_s"] = time.perf_counter() - t0
-    timing["compile_s"] = compile_seconds()
-    return result
+    return run_trial(job, _EngineStages(job, spec, tokenizer, device, base_rss), checkpoint)
 
 
 _SHORT = {torch_name: name for name, torch_name in TORCH_DTYPE_NAMES.items()}
@@ -150,7 +139,7 @@ def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device | None, ba
                      what=f"transformers generate, {how}, eager, dynamic cache")
 
 
-# One timed run on these CPUs drifts by up to about 20% (README, "Measured on this machine"): a configuration is
+# One timed run on these CPUs drifts by up to about 20% (docs/measurements.md, its opening): a configuration is
 # clearly dominated only when a front point beats it by more than that on throughput and on TPOT p99, using no
 # more memory. So a cut configuration is dominated on every objective and can never be on the front.
 DOMINATED_MARGIN = 1.25
