@@ -33,7 +33,9 @@ import os, sys, time
 os.setsid()
 if os.fork():
     os._exit(0)
-open({{str(daemon_pid)!r}}, "w").write(str(os.getpid()))
+# Written whole, then renamed: the entry polls for the file and would read a half-written one.
+open({{str(daemon_pid)!r}} + ".tmp", "w").write(str(os.getpid()))
+os.replace({{str(daemon_pid)!r}} + ".tmp", {{str(daemon_pid)!r}})
 time.sleep(300)
 '''], check=True)
 while not daemon_pid.exists():
