@@ -8,13 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-# Bump when the engine computes other numbers for the same configuration (a kernel, an order of operations): cached
-# gate figures of older engines are then not reused.
-ENGINE_VERSION = "3"
 # The API pulls in Optuna, the backends and torch's loaders: imported on first use, so that `import autotune` (and
 # every trial child process, which imports it) stays cheap.
 _API = ("search", "SearchResult", "ParetoPoint", "TrialCounts")
-__all__ = ["__version__", "ENGINE_VERSION", *_API]
+__all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:

@@ -29,9 +29,10 @@ from dataclasses import replace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, rss_bytes, trim_heap  # noqa: E402
+from autotune.config.deploy import DeployConfig  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
 from autotune.gate.corpus import bench_prompts  # noqa: E402
-from autotune.llamacpp.config import SERVER_DEFAULTS, LlamaCppConfig  # noqa: E402
+from autotune.llamacpp.config import SERVER_DEFAULTS, llamacpp_config  # noqa: E402
 from autotune.models.registry import resolve_model  # noqa: E402
 from autotune.models.weights import load_tokenizer, model_checksum  # noqa: E402
 from autotune.recipes.recipe import load_recipe  # noqa: E402
@@ -67,7 +68,7 @@ def _ours_worker(recipe_path: str) -> int:
     return 0
 
 
-def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload: Workload, gate: bool) -> int:
+def _peer_worker(model_name: str, config: DeployConfig, threads: int, workload: Workload, gate: bool) -> int:
     from autotune.benchmark.bench import run_figures
     from autotune.engine.sequence import Request
     from autotune.llamacpp.engine import LlamaCppModel
@@ -77,7 +78,7 @@ def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload
     tokenizer = load_tokenizer(spec)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
     checksum = model_checksum(spec)
-    threads = config.threads or threads
+    threads = config.device_power or threads
     path = gguf_file(spec, checksum, config.gguf_type, threads)  # made before the base: the quantizer's memory
     trim_heap()
     base_rss = rss_bytes()
@@ -96,7 +97,7 @@ def _peer_worker(model_name: str, config: LlamaCppConfig, threads: int, workload
     ctx = model.context(config, threads)
     n = workload.output_tokens
     requests = [Request(p, n, min_new_tokens=n) for p in prompts]
-    ctx.run([Request(p, 4, min_new_tokens=4) for p in prompts[:config.parallel]])  # warm-up: one wave of a few tokens
+    ctx.run([Request(p, 4, min_new_tokens=4) for p in prompts[:config.batch_size]])  # warm-up: one wave of a few tokens
     print("ready " + json.dumps(header), flush=True)
     for _ in sys.stdin:
         trim_heap()
@@ -160,16 +161,16 @@ def main() -> int:
     workload = Workload(**recipe.data["workload"])
     threads = recipe.data.get("threads") or recipe.config.device_power
     if args.peer_worker:
-        config = LlamaCppConfig.from_dict(json.loads(args.peer_worker))
+        config = llamacpp_config(json.loads(args.peer_worker))
         return _peer_worker(recipe.model, config, threads, workload, args.gate)
 
-    base = replace(SERVER_DEFAULTS, parallel=args.parallel, n_ctx=4096)
-    rows: list[tuple[str, LlamaCppConfig]] = [("llama-server defaults, shipped GGUF", SERVER_DEFAULTS)]
+    base = replace(SERVER_DEFAULTS, batch_size=args.parallel, n_ctx=4096)
+    rows: list[tuple[str, DeployConfig]] = [("llama-server defaults, shipped GGUF", SERVER_DEFAULTS)]
     counts = [int(n) for n in args.threads.split(",")] if args.threads else [threads]
-    rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, threads=n))
+    rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, device_power=n))
              for n in counts for t in args.types.split(",")]
     if args.best:
-        rows.append((f"llama.cpp's search: {args.best}", LlamaCppConfig.of(load_recipe(args.best).config)))
+        rows.append((f"llama.cpp's search: {args.best}", llamacpp_config(load_recipe(args.best).config)))
     print(f"recipe {recipe_path}: {recipe.config.label()}; {threads} threads; workload {workload.num_requests} "
           f"requests, prompts {workload.prompt_min}-{workload.prompt_max} tokens, {workload.output_tokens} new",
           flush=True)
@@ -195,7 +196,7 @@ def main() -> int:
     return 0
 
 
-def _table(workers: list[_Worker], figures: dict[str, list[dict]], configs: dict[str, LlamaCppConfig],
+def _table(workers: list[_Worker], figures: dict[str, list[dict]], configs: dict[str, DeployConfig],
            ours: bool) -> None:
     med = {label: {k: statistics.median(f[k] for f in runs) for k, v in runs[0].items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)} for label, runs in figures.items()}

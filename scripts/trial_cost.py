@@ -43,6 +43,7 @@ def _one(params: dict, repeats: int) -> dict:
 
     from autotune.config.deploy import DeployConfig
     from autotune.config.workload import Workload
+    from autotune.devices.cpu import CpuDevice
     from autotune.models.registry import resolve_model
     from autotune.trial.job import Job, JobKind
     from autotune.trial.run import run_job
@@ -52,7 +53,7 @@ def _one(params: dict, repeats: int) -> dict:
               threads=config.device_power, repeats=repeats)
     resolve_model(job.model)
     started = time.perf_counter()
-    result = run_job(job)
+    result = run_job(job, CpuDevice())
     total = time.perf_counter() - started
     names, values = torch._dynamo.utils.compile_times(repr="csv")
     compile_s = sum(float(v) for name, cell in zip(names, values) if name == "_compile.compile_inner"

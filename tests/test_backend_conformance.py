@@ -146,9 +146,9 @@ def test_quantized_linear_path_per_scheme(backend, device):
 
 
 def test_engine_runs_on_the_device(device, tiny_llama):
-    from autotune.engine import Request, build_engine
+    from autotune.engine import Request
 
-    engine = build_engine(tiny_llama, DeployConfig(batch_size=2, page_size=16), device=device)
+    engine = device.build(tiny_llama, DeployConfig(batch_size=2, page_size=16))
     assert engine.model.cos_table.device.type == torch.device(device.torch_device).type
     runner = engine.runner(max_seq_len=64)
     assert runner.cache.k_pools[0].device.type == torch.device(device.torch_device).type

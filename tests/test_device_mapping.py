@@ -24,7 +24,6 @@ from autotune.devices.npu_mapping import (
     torchair_settings,
 )
 from autotune.devices.npu_quant import quantize_weight_int8
-from autotune.engine import build_engine
 from autotune.engine.calibrated import quantize_layers
 from autotune.engine.int_mm import INT_MM_MIN_ROWS, RowPadded, pad_rows
 from autotune.engine.model import EngineModel
@@ -206,7 +205,7 @@ def test_cuda_int4_build_sets_a_group_size_per_layer(monkeypatch):
     """Widths of 96 (attention, o_proj) and 256 (down_proj): groups of 32 and 128, every layer converted."""
     calls = _fake_torchao_int4(monkeypatch)
     hf = make_tiny_llama(hidden_size=96, intermediate_size=256, num_hidden_layers=2)
-    engine = build_engine(hf, DeployConfig(quant="w4a16"), device=_CpuCuda())
+    engine = _CpuCuda().build(hf, DeployConfig(quant="w4a16"))
     assert sorted(size for size, _ in calls) == [32, 128]
     by_size = dict(calls)
     assert all(name.endswith("down_proj") for name in by_size[128]) and len(by_size[128]) == 2
@@ -228,7 +227,7 @@ def test_cuda_int4_with_fewer_layers_than_it_claims_fails_the_trial(monkeypatch)
     monkeypatch.setattr(device, "quantizer", lambda scheme: _OneGroupSize())
     hf = make_tiny_llama(hidden_size=96, intermediate_size=256, num_hidden_layers=2)
     with pytest.raises(TrialFailure, match=r"fewer layers than it claims: 6 of 8"):
-        build_engine(hf, DeployConfig(quant="w4a16"), device=device)
+        device.build(hf, DeployConfig(quant="w4a16"))
 
 
 def test_accelerator_trials_do_not_limit_their_address_space():

@@ -53,6 +53,45 @@ def test_a_version_of_the_numerics_software_changes_the_gate_key(monkeypatch, pa
     assert _key() != before
 
 
+@pytest.mark.parametrize("change", [
+    lambda m: m.setenv("ONEDNN_MAX_CPU_ISA", "AVX2"), lambda m: m.setenv("ATEN_CPU_CAPABILITY", "avx2"),
+    lambda m: m.setattr(cache, "cpu_model", lambda: "another CPU"),
+    lambda m: m.setattr(cache, "cpu_signature", lambda: "family 26 model 2"),
+    lambda m: m.setattr(cache, "cpu_flags", lambda: frozenset({"avx2", "fma"})),
+], ids=["onednn cap", "aten cap", "cpu model", "family/model", "flags"])
+def test_the_cpu_and_its_isa_caps_change_the_gate_key(monkeypatch, change):
+    """Emulated and native bf16 round differently: a verdict made under an ISA cap, or on another CPU, is not
+    reused without it."""
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(var, raising=False)
+    before = _key()
+    change(monkeypatch)
+    assert _key() != before
+
+
+def test_the_build_code_hash_follows_every_file_of_the_build(tmp_path, monkeypatch):
+    """The engine's version is the digest of the engine, quantizer and model code, not a number to bump."""
+    import shutil
+
+    from autotune import code_hash as module
+
+    for package in module.BUILD_CODE:
+        shutil.copytree(module._ROOT / package, tmp_path / package)
+    monkeypatch.setattr(module, "_ROOT", tmp_path)
+    module.code_hash.cache_clear()
+    try:
+        same = module.code_hash()
+        for package in module.BUILD_CODE:
+            source = sorted((tmp_path / package).rglob("*.py"))[-1]
+            source.write_text(source.read_text() + "\n# changed\n")
+            changed = module.code_hash.__wrapped__()
+            assert changed != same, package
+            same = changed
+    finally:
+        module.code_hash.cache_clear()
+    assert cache.numerics_versions()["engine"] == module.code_hash()
+
+
 @pytest.mark.parametrize("name", sorted(design.design()))
 def test_each_figure_of_the_gate_design_changes_the_gate_and_the_reference_key(monkeypatch, name):
     gate, reference = _key(), cache.reference_path("sha256:x", "d")

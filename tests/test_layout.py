@@ -12,7 +12,7 @@ ROOT = Path(autotune.__file__).resolve().parent
 
 # Lower layers first; a module may import its own package and the layers below, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "progress", "paths", "redact", "microarch"),
+    ("errors", "progress", "paths", "redact", "microarch", "code_hash"),
     ("host",),
     ("config",),
     ("models", "space"),
@@ -37,6 +37,7 @@ LAZY_OK: dict[str, str] = {
     # a backend (the CLI, and the simulator's child process, whose start counts in its trial time) stays light.
     "autotune.devices.cuda": "quantizers load with the build, not with the backend",
     "autotune.devices.npu": "quantizers load with the build, not with the backend",
+    "autotune.devices.base": "the engine's build loads with the build, not with the backend",
     # The probe's module is read by the CPU backend, which must load without torch; the quantizers it times load
     # only when it measures (once per machine).
     "autotune.probe.cpu": "quantizers load when the probe measures, not with the backend",

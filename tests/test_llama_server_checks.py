@@ -14,7 +14,7 @@ from recipe_factory import GATE, bench, make_study
 
 from autotune.config.deploy import DeployConfig
 from autotune.llamacpp.build_info import server_identity, tools_dir
-from autotune.llamacpp.config import LlamaCppConfig
+from autotune.llamacpp.config import server_command
 from autotune.paths import file_sha256
 from autotune.recipes.recipe import build_recipe, load_recipe, write_recipe
 
@@ -47,7 +47,7 @@ def setup(tmp_path, monkeypatch, context_model_folder):
                             points=[(config.to_dict(), bench(50.0, 20.0, 300.0), GATE, {})])
     trial = study.trials[0]
     # What a llama.cpp trial records (autotune/llamacpp/trial.py): its command and the identities of what it ran.
-    trial.user_attrs["what"] = LlamaCppConfig.of(config).server_command(str(gguf), 2)
+    trial.user_attrs["what"] = server_command(config, str(gguf), 2)
     trial.user_attrs["versions"] = {"python": "3.11", "llama_cpp_python": "0.3.36", **server_identity(gguf)}
     path = tmp_path / "recipes" / "llama.yaml"
     write_recipe(path, build_recipe(study, trial, url, []))

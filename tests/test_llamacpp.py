@@ -13,29 +13,32 @@ import torch
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.llamacpp import LlamaCppBackend
 from autotune.backends.sim import SimBackend
-from autotune.config.deploy import ENGINE_KNOBS, LLAMACPP_KNOBS, DeployConfig
+from autotune.config.deploy import ENGINE_KNOBS, LLAMACPP_KNOBS, DeployConfig, LlamaCppKnobs
 from autotune.errors import SpaceError
 from autotune.gate.cache import gate_inputs, gate_key
 from autotune.llamacpp.build_info import tools_dir
-from autotune.llamacpp.config import SERVER_DEFAULTS, LlamaCppConfig
+from autotune.llamacpp.config import SERVER_DEFAULTS, llamacpp_config, server_command
 from autotune.space.search_space import default_space, load_space
 from tests.conftest import make_tiny_llama
 
 
 def test_config_validates_and_names_its_server_command():
     with pytest.raises(ValueError, match="flash attention"):
-        LlamaCppConfig(kv_type="q8_0", flash_attn="off")
+        LlamaCppKnobs(kv_type="q8_0", flash_attn="off")
     with pytest.raises(ValueError, match="n_ubatch"):
-        LlamaCppConfig(n_batch=256, n_ubatch=512)
-    with pytest.raises(ValueError, match="unknown"):
-        LlamaCppConfig.from_dict({"gguf_type": "Q8_0", "page_size": 16})
-    config = LlamaCppConfig(gguf_type="Q8_0", flash_attn="on", kv_type="q8_0", parallel=16, n_ctx=8192)
-    command = config.server_command("/m/Q8_0.gguf", threads=2, port=9000)
+        DeployConfig(runtime="llamacpp", n_batch=256, n_ubatch=512)
+    with pytest.raises(ValueError, match="page_size does not apply to the llamacpp runtime"):
+        DeployConfig.from_dict({"runtime": "llamacpp", "gguf_type": "Q8_0", "page_size": 16})
+    config = DeployConfig(runtime="llamacpp", gguf_type="Q8_0", flash_attn="on", kv_type="q8_0", batch_size=16,
+                          n_ctx=8192)
+    command = server_command(config, "/m/Q8_0.gguf", threads=2, port=9000)
     for part in ("-m /m/Q8_0.gguf", "-t 2", "-np 16", "-c 8192", "-fa on", "-ctk q8_0", "-ctv q8_0", "--kv-unified",
                  "--port 9000"):
         assert part in command
-    assert LlamaCppConfig.from_dict(config.to_dict()) == config
-    assert SERVER_DEFAULTS.parallel == 4 and SERVER_DEFAULTS.n_ctx == 0  # llama-server's own, given only a model
+    assert llamacpp_config(config.to_dict()) == config
+    assert SERVER_DEFAULTS.batch_size == 4 and SERVER_DEFAULTS.n_ctx == 0  # llama-server's own, given only a model
+    with pytest.raises(ValueError, match="engine runtime, not of llama.cpp"):
+        server_command(DeployConfig(), "/m/Q8_0.gguf", threads=2)
 
 
 def test_the_backend_searches_llamacpps_space_and_refuses_the_engines():
@@ -48,13 +51,10 @@ def test_the_backend_searches_llamacpps_space_and_refuses_the_engines():
     assert len(configs) == adapted.grid_size() and all(c.runtime == "llamacpp" for c in configs)
     assert {c.kv_type for c in configs if c.flash_attn == "off"} == {"f16"}  # llama.cpp refuses q8_0 V without FA
     baseline = adapted.to_config(adapted.baseline_params())
-    assert LlamaCppConfig.of(baseline) == replace(LlamaCppConfig(), parallel=8, threads=max(
-        adapted.dimension("device_power").values), flash_attn="on")
-    q8 = LlamaCppConfig.of(DeployConfig(runtime="llamacpp", gguf_type="Q8_0", batch_size=16, device_power=2))
-    assert (q8.gguf_type, q8.parallel, q8.threads) == ("Q8_0", 16, 2) and q8.deploy() == DeployConfig(
-        runtime="llamacpp", gguf_type="Q8_0", batch_size=16, device_power=2)
+    assert baseline == DeployConfig(LlamaCppKnobs(flash_attn="on"), batch_size=8,
+                                    device_power=max(adapted.dimension("device_power").values))
     with pytest.raises(ValueError, match="engine runtime"):
-        LlamaCppConfig.of(DeployConfig())
+        llamacpp_config(DeployConfig())
 
 
 @pytest.mark.parametrize("backend", [CpuBackend(), SimBackend("a100-80g")], ids=["cpu", "sim"])
@@ -79,6 +79,15 @@ def test_a_configuration_holds_only_its_runtimes_knobs():
     llama = DeployConfig(runtime="llamacpp", gguf_type="Q8_0", flash_attn="on", kv_type="q8_0", batch_size=16)
     assert not set(llama.to_dict()) & set(ENGINE_KNOBS) and DeployConfig.from_dict(llama.to_dict()) == llama
     assert llama.label() == "llama.cpp Q8_0/fa=on/kv=q8_0/np=16/b=2048/ub=512/c=4096/t=all"
+    # One runtime's knobs are read through the configuration; another's are not there to read.
+    assert (llama.gguf_type, llama.knobs) == ("Q8_0", replace(LlamaCppKnobs(), gguf_type="Q8_0", flash_attn="on",
+                                                                kv_type="q8_0"))
+    with pytest.raises(AttributeError, match="llamacpp runtime has no knob 'quant'"):
+        llama.quant  # noqa: B018
+    with pytest.raises(AttributeError, match="engine runtime has no knob 'gguf_type'"):
+        engine.gguf_type  # noqa: B018
+    with pytest.raises(ValueError, match="knobs of the engine runtime given for the llamacpp runtime"):
+        DeployConfig(engine.knobs, runtime="llamacpp")
 
 
 def test_llamacpps_gate_key_follows_its_numerics_and_its_build():
@@ -92,7 +101,7 @@ def test_llamacpps_gate_key_follows_its_numerics_and_its_build():
     base = DeployConfig(runtime="llamacpp", gguf_type="F16", flash_attn="on")
     # The numerics: the weights' type, the KV cache's type and the attention kernel; and llama.cpp's build.
     for other in (replace(base, gguf_type="Q8_0"), replace(base, kv_type="q8_0"), replace(base, flash_attn="off"),
-                  replace(base, runtime="engine", gguf_type="source", flash_attn="auto")):
+                  DeployConfig(batch_size=base.batch_size)):
         assert key(other) != key(base), other
     assert key(base, llama_cpp_build="another") != key(base)
     # Batching and the context only split the same sums differently: the gate's windows are the same.
@@ -151,7 +160,7 @@ def _context(path, **knobs):
     from autotune.llamacpp.engine import LlamaCppModel
 
     model = LlamaCppModel(path)
-    return model, model.context(LlamaCppConfig(**{"n_ctx": 2048, "parallel": 4, **knobs}), threads=1)
+    return model, model.context(DeployConfig(runtime="llamacpp", batch_size=4, **{"n_ctx": 2048, **knobs}), threads=1)
 
 
 def test_f32_logits_are_transformers_logits(gguf_folder, tiny):
@@ -242,8 +251,8 @@ def test_a_trial_through_the_backend(gguf_folder, tmp_path, monkeypatch):
     from autotune.trial.job import Job, JobKind, Status
 
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
-    config = LlamaCppConfig(gguf_type="F16", parallel=4, threads=1, n_ctx=2048)
-    job = Job(kind=JobKind.TRIAL, model=str(gguf_folder), config=config.deploy().to_dict(), repeats=1,
+    config = DeployConfig(runtime="llamacpp", gguf_type="F16", batch_size=4, device_power=1, n_ctx=2048)
+    job = Job(kind=JobKind.TRIAL, model=str(gguf_folder), config=config.to_dict(), repeats=1,
               eval_positions=1024,
               workload=dict(num_requests=6, prompt_min=20, prompt_max=30, output_tokens=8))
     result = LlamaCppBackend().run(job, timeout_s=600)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.benchmark import bench
+from autotune.benchmark import bench, meter
 from autotune.benchmark.peak_rss import rss_bytes
 from autotune.benchmark.policy import RunPolicy
 from autotune.config.deploy import DeployConfig
@@ -20,7 +20,7 @@ _PROMPTS = [[1, 5, 9, 11], [3, 4, 7, 8, 2, 6]]
 
 @pytest.mark.parametrize("refused", [False, True])
 def test_the_benchmark_records_whether_the_peak_was_reset(tiny_llama, monkeypatch, refused):
-    monkeypatch.setattr(bench, "reset_peak", lambda: not refused)
+    monkeypatch.setattr(meter, "reset_peak", lambda: not refused)
     engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     results = [
         bench.benchmark_engine(engine, _PROMPTS, _WORKLOAD, policy=ONE_RUN, base_rss=rss_bytes()),

@@ -15,7 +15,9 @@ import pytest
 import torch
 from recipe_factory import tiny_recipe
 
+from autotune.gate import cache as gate_cache
 from autotune.recipes.recipe import load_recipe
+from autotune.serve import startup_cache
 from autotune.serve.startup_cache import ARTIFACTS, META, StartupCache, startup_key
 
 TESTS = Path(__file__).resolve().parent
@@ -92,6 +94,36 @@ def test_a_bundle_made_under_another_key_is_ignored_with_the_reason(cache, capsy
     assert cache.load() is False
     err = capsys.readouterr().err
     assert f"made under another key ({field} {value!r} there, {cache.key[field]!r} here)" in err, err
+
+
+_CHANGES = {
+    "weights": lambda m: m.setattr(startup_cache, "model_checksum", lambda spec: "sha256:other weights"),
+    "versions": lambda m: m.setattr(startup_cache, "numerics_versions",
+                                    lambda: {**gate_cache.numerics_versions(), "transformers": "0.0"}),
+    "torchao": lambda m: m.setattr(startup_cache, "numerics_versions",
+                                   lambda: {**gate_cache.numerics_versions(), "torchao": "0.0"}),
+    "host": lambda m: m.setenv("ONEDNN_MAX_CPU_ISA", "SSE41"),
+    "cpu model": lambda m: m.setattr(gate_cache, "cpu_model", lambda: "another CPU"),
+    "engine": lambda m: m.setattr(startup_cache, "code_hash", lambda: "another build code"),
+}
+_FIELD = {"torchao": "versions", "cpu model": "host"}
+
+
+@pytest.mark.parametrize("change", sorted(_CHANGES))
+def test_each_input_of_the_start_up_key_misses_a_bundle_made_without_it(o1_recipe, tmp_path, monkeypatch, capsys,
+                                                                         change):
+    """The weights (frozen into O2's packages), the libraries, the CPU's rounding facts and the build code: a
+    bundle saved before any of them changed is not loaded after, and the log names what changed."""
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
+    before = StartupCache.for_recipe(load_recipe(o1_recipe), "cpu")
+    _bundle(before.folder, before.key)
+    _CHANGES[change](monkeypatch)
+    after = StartupCache.for_recipe(load_recipe(o1_recipe), "cpu")
+    field = _FIELD.get(change, change)
+    assert after.folder == before.folder and after.key[field] != before.key[field]
+    assert after.load() is False
+    err = capsys.readouterr().err
+    assert "made under another key (" in err and f"{field} {before.key[field]!r} there" in err, err
 
 
 def test_a_corrupt_bundle_is_ignored_with_the_reason(cache, capsys):

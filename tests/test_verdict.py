@@ -4,6 +4,8 @@ to the cap and then says it was decided by the point estimate, a certain fail st
 decode result never passes."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from autotune.engine import build_engine
 from autotune.gate.decode import decode_check
 from autotune.gate.reference import compute_reference
 from autotune.gate.result import GateResult
-from autotune.gate.verdict import interval, judge
+from autotune.gate.verdict import evidence, interval, judge
 
 
 def test_the_interval_is_clopper_pearson():
@@ -24,18 +26,21 @@ def test_the_interval_is_clopper_pearson():
     assert interval(0, 10)[0] == 0.0
 
 
-def test_a_verdict_is_decided_only_where_its_interval_is_on_one_side():
+def test_the_sequential_test_decides_at_its_bounds_and_leaves_the_rest_marginal():
+    """Between 0.994 (fail point) and 0.997 (pass point) at threshold 0.995: each miss weighs ln(0.5), each
+    agreement ln(0.997/0.994); a pass needs ln(16), a fail ln(0.2/0.95)."""
     decided_pass = judge(1534, 1536, 0.995, cap_positions=6144)  # 2 misses in one stage of 48 prompts
-    assert decided_pass.passed and decided_pass.decided and decided_pass.low > 0.995
-    assert judge(1531, 1536, 0.995, cap_positions=6144) is None  # 5 misses: straddles, the sample grows
+    assert decided_pass.passed and decided_pass.decided and "pass:" in decided_pass.reason
+    assert judge(1531, 1536, 0.995, cap_positions=6144) is None  # 5 misses: undecided, the sample grows
+    decided_fail = judge(1527, 1536, 0.995, cap_positions=6144)  # 9 misses: the fail bound
+    assert not decided_fail.passed and decided_fail.decided and decided_fail.low < 0.995 < decided_fail.high
+    # 26 misses of 6,144 (0.99577, above the threshold): still undecided at the cap, so marginal, not a pass.
     at_cap = judge(6118, 6144, 0.995, cap_positions=6144)
-    assert at_cap.passed and not at_cap.decided and "point estimate" in at_cap.reason and at_cap.low < 0.995
-    decided_fail = judge(1500, 1536, 0.995, cap_positions=6144)
-    assert not decided_fail.passed and decided_fail.decided and decided_fail.high <= 0.995
-    # More misses than a pass over the whole cap allows (31 of 6,144 is 0.99495): certain, though the interval of
-    # what was scored still straddles the threshold.
-    certain = judge(5969, 6000, 0.995, cap_positions=6144)
-    assert certain is not None and not certain.passed and certain.decided and "more than a pass" in certain.reason
+    assert not at_cap.passed and at_cap.marginal and "marginal" in at_cap.reason and at_cap.low < 0.995
+    assert judge(6125, 6144, 0.995, cap_positions=6144).passed  # 19 misses: a pass at the last look
+    assert evidence(1536, 1536, 0.995) == pytest.approx(1536 * math.log(0.997 / 0.994))
+    assert evidence(1535, 1536, 0.995) - evidence(1536, 1536, 0.995) == pytest.approx(
+        math.log(0.5) - math.log(0.997 / 0.994))
 
 
 def test_a_gate_without_a_decode_result_never_passes():
@@ -62,10 +67,12 @@ def test_the_decode_check_grows_its_sample_until_the_verdict_is_decided(tiny_lla
     easy = _check(tiny_llama, engine, 0.5)
     assert easy["decode_prompts"] == 2 and easy["decode_positions"] == 16 and easy["decode_decided"]
     assert easy["decode_passed"] and easy["decode_interval"][0] > 0.5
-    # Against 0.995, no sample this small is conclusive: every prompt is used, then the point estimate decides.
+    # Against 0.995, no sample this small is conclusive: every prompt is used, and the build is marginal, which
+    # is not a pass (however high its point estimate).
     strict = _check(tiny_llama, engine, 0.995)
     assert strict["decode_prompts"] == 6 and strict["decode_positions"] == 48 and not strict["decode_decided"]
-    assert strict["decode_passed"] and "straddles" in strict["decode_verdict"]
+    assert not strict["decode_passed"] and "marginal" in strict["decode_verdict"]
+    assert strict["decode_agreement"] == 1.0
 
 
 def test_a_broken_decode_path_fails_at_the_first_stage(tiny_llama):

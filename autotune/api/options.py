@@ -38,6 +38,7 @@ class SearchOptions:
     storage_password_file: str | Path | None
     min_agreement: float
     tie_epsilon: float
+    accept_marginal: bool
     memory_budget_mb: float | None
     tpot_slo_ms: float | None
     sampler: str

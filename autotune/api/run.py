@@ -41,6 +41,7 @@ def search(
     storage_password_file: str | Path | None = None,
     min_agreement: float = 0.995,
     tie_epsilon: float = 0.05,
+    accept_marginal: bool = False,
     memory_budget_mb: float | None = None,
     tpot_slo_ms: float | None = None,
     sampler: str = "tpe",
@@ -94,6 +95,7 @@ def run(options: SearchOptions) -> SearchResult:
     settings = SearchSettings(
         model=options.model, study=study_name, trials=options.trials, storage=resolve_url(url, password_file),
         workload=options.workload(), min_agreement=options.min_agreement, tie_epsilon=options.tie_epsilon,
+        accept_marginal=options.accept_marginal,
         memory_budget_mb=options.memory_budget_mb, tpot_slo_ms=options.tpot_slo_ms, sampler=options.sampler,
         seed=options.seed, trial_timeout_s=options.trial_timeout_s, timeout_s=options.time_limit_s,
         repeats=options.repeats, repeat_time_s=options.repeat_time_s, trial_memory_mb=options.trial_memory_mb,

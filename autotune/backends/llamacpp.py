@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from autotune.backends.base import Backend, restrict_to_cores
 from autotune.backends.isolated import run_isolated
-from autotune.config.deploy import DeployConfig
 from autotune.host import cpu_fingerprint
 from autotune.llamacpp.build_info import installed, numerics_versions
-from autotune.llamacpp.config import LlamaCppConfig
+from autotune.llamacpp.config import llamacpp_config
 from autotune.llamacpp.trial import GATE_DEVICE
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobKind, JobResult
@@ -38,7 +37,7 @@ class LlamaCppBackend(Backend):
         if job.kind is not JobKind.TRIAL:  # the reference and the speed baselines: transformers', as on the cpu
             return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)
         try:
-            LlamaCppConfig.of(DeployConfig.from_dict(job.config))
+            llamacpp_config(job.config)
         except (ValueError, TypeError) as exc:
             return JobResult.error(f"not a llama.cpp configuration: {exc}")
         return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=TRIAL_ENTRY)

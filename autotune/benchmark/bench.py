@@ -1,14 +1,13 @@
 """The benchmark: warm-up, repeated runs of a workload, medians and spread of what a user feels."""
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
+from autotune.benchmark.meter import HOST, PEAK_NOT_RESET, Meter
 from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
@@ -46,14 +45,15 @@ def run_figures(completions: list[Completion], seconds: float) -> dict:
 
 
 def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, policy: RunPolicy | None = None,
-                     base_rss: int, device=None, cut: Callable[[dict], str | None] | None = None) -> dict:
+                     base_rss: int, device: Meter = HOST, cut: Callable[[dict], str | None] | None = None) -> dict:
     """Run the workload on one runner (its cache persists, as in serving) as `policy` says: warm-up, an optional
     screening wave, then timed runs of the whole workload (benchmark/policy.py).
 
     Peak memory is the process's measured high-water mark during the runs, minus `base_rss` (the process
     before any weights were loaded): weights, KV cache, activations and compiled code, as the OS saw them.
-    With an accelerator `device` (autotune/devices/base.py), peak memory is its allocator's high-water mark
-    (weights, KV pools, activations) and every clock read waits for the device's queued work first.
+    `device` (benchmark/meter.py) says how: on the CPU the process's high-water mark as above; on an accelerator
+    (autotune/devices/base.py) its allocator's (weights, KV pools, activations), every clock read waiting for the
+    device's queued work first.
 
     `cut` sees the figures so far (peak memory included) after the screening wave and after each timed run, and
     may end the benchmark with a reason (a configuration clearly dominated needs no more precise figures). A
@@ -69,8 +69,8 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
 
     full = requests(len(prompts), workload.output_tokens)
     wave = min(engine.config.batch_size, len(prompts))
-    sync = device.synchronize if device is not None else _no_sync
-    peak_reset = _reset_peak(device)
+    sync = device.synchronize
+    peak_reset = device.start_peak()
     started = time.perf_counter()
     # Eager kernels need one call to be warm; a compiled build meets each of its graphs in one whole run.
     runner.run(requests(wave, min(4, workload.output_tokens)) if policy.warmup == "short" else full)
@@ -79,7 +79,7 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
     runner.peak_running = 0  # the warm-up's short requests reserve fewer pages than the workload's
 
     def peak_mb() -> float:
-        return (device.peak_memory_bytes() if device is not None else peak_rss_bytes() - base_rss) / 2**20
+        return device.peak_since(base_rss) / 2**20
 
     def timed(reqs: list[Request]) -> dict:
         t0 = time.perf_counter()
@@ -112,30 +112,8 @@ def _memory(runner, peak_mb: float, warmup_s: float) -> dict:
             "concurrency_peak": runner.peak_running}
 
 
-# Where the kernel refuses /proc/PID/clear_refs (some containers), the process's high-water mark cannot be brought
-# down to the present: the peak then also holds loading the weights, building and the gate, and says so.
-_PEAK_NOT_RESET = ("the memory high-water mark could not be reset before the runs (/proc/PID/clear_refs refused): "
-                  "this peak includes loading, building and gating, not only the runs")
-
-
-def _reset_peak(device) -> bool:
-    if device is not None:
-        device.reset_peak_memory()  # an accelerator allocator's statistics: always resettable
-        return True
-    gc.collect()
-    trim_heap()  # memory already freed is not the runs' memory
-    if reset_peak():
-        return True
-    log(f"  peak memory: {_PEAK_NOT_RESET}")
-    return False
-
-
 def _peak_marks(reset: bool) -> dict:
-    return {"peak_memory_reset": True} if reset else {"peak_memory_reset": False, "peak_memory_note": _PEAK_NOT_RESET}
-
-
-def _no_sync() -> None:
-    return None  # CPU kernels have finished when they return
+    return {"peak_memory_reset": True} if reset else {"peak_memory_reset": False, "peak_memory_note": PEAK_NOT_RESET}
 
 
 class _TokenTimes:
@@ -162,7 +140,7 @@ BASELINE_POLICY = RunPolicy(warmup="short", min_repeats=2, max_repeats=3, time_c
 
 @torch.inference_mode()
 def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload, batch_size: int, pad_id: int,
-                          *, policy: RunPolicy = BASELINE_POLICY, base_rss: int, device=None) -> dict:
+                          *, policy: RunPolicy = BASELINE_POLICY, base_rss: int, device: Meter = HOST) -> dict:
     """The speed baseline: transformers' own generate, batches of `batch_size` prompts (left-padded), in turn.
     The warm-up is one batch of a few tokens ("short") or the whole workload ("full")."""
     def one_run(chunks: list[list[list[int]]] | None = None, new_tokens: int | None = None) -> dict:
@@ -174,8 +152,7 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
             ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             streamer = _TokenTimes()
-            if device is not None:  # an accelerator: inputs go where the weights are
-                ids, mask = ids.to(device.torch_device), mask.to(device.torch_device)
+            ids, mask = ids.to(device.torch_device), mask.to(device.torch_device)  # where the weights are
             hf_model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               do_sample=False, pad_token_id=pad_id, streamer=streamer)
             for p in chunk:
@@ -185,7 +162,7 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
                 completions.append(c)
         return run_figures(completions, time.perf_counter() - start)
 
-    peak_reset = _reset_peak(device)
+    peak_reset = device.start_peak()
     started = time.perf_counter()
     if policy.warmup == "short":
         one_run([prompts[:batch_size]], min(4, workload.output_tokens))
@@ -194,7 +171,6 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
     warmup_s = time.perf_counter() - started
     runs, stop = timed_runs(one_run, policy, log)
     result = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s}
-    result["peak_memory_mb"] = (device.peak_memory_bytes() if device is not None
-                                else peak_rss_bytes() - base_rss) / 2**20
+    result["peak_memory_mb"] = device.peak_since(base_rss) / 2**20
     result.update(_peak_marks(peak_reset))
     return result

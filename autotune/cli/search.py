@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--storage", default=_D["storage"], help="SQLAlchemy URL (default: sqlite:///studies/<study>.db)")
     s.add_argument("--min-agreement", type=fraction, default=_D["min_agreement"], help="gate on tie-aware agreement")
     s.add_argument("--tie-epsilon", type=fraction, default=_D["tie_epsilon"])
+    s.add_argument("--accept-marginal", action="store_true", default=_D["accept_marginal"],
+                   help="count a build the decode check leaves undecided at its cap (marginal: too close to the "
+                        "threshold to tell) as a pass; the table and the recipe mark it")
     s.add_argument("--memory-budget", dest="memory_budget_mb", metavar="MEMORY_BUDGET",
                    type=positive(float), default=_D["memory_budget_mb"], help="MB of peak memory")
     s.add_argument("--tpot-slo", dest="tpot_slo_ms", metavar="TPOT_SLO",

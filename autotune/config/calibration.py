@@ -40,5 +40,5 @@ def calibration_inputs() -> dict:
 
 
 def needs_plan(config) -> bool:
-    """Whether a DeployConfig's build reads the calibration (a calibrated method, or layers kept by sensitivity)."""
-    return config.quant_method != "rtn" or config.fallback_layers > 0
+    """Whether a DeployConfig's build reads the calibration (its runtime's knobs say)."""
+    return config.knobs.reads_calibration()

@@ -1,156 +1,99 @@
-"""The frozen deployment configuration: one point of the search space, validated on construction."""
+"""The frozen deployment configuration: one point of the search space, validated on construction. It is the
+shared knobs (batch, device power) and one runtime's own (config/engine_knobs.py, config/llamacpp_knobs.py), read
+through it by name: `config.quant` is its engine knob, and asking a llama.cpp configuration for it is an error."""
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+from autotune.config.engine_knobs import (
+    DTYPE_BYTES,
+    DTYPES,
+    FALLBACK_LAYERS,
+    FUSION_LEVELS,
+    KV_POLICIES,
+    LEGACY_SCHEMES,
+    QUANT_METHODS,
+    QUANT_SCHEMES,
+    TORCH_DTYPE_NAMES,
+    EngineKnobs,
+)
+from autotune.config.llamacpp_knobs import FLASH_ATTN, GGUF_TYPES, KV_TYPES, LlamaCppKnobs
 from autotune.config.runtimes import (
     DEFAULT_RUNTIME,
     ENGINE_KNOBS,
     LLAMACPP_KNOBS,
     RUNTIMES,
-    other_knobs,
+    SHARED_KNOBS,
+    Knobs,
     runtime_of,
 )
 
 __all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES",
            "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES", "RUNTIMES", "LLAMACPP_KNOBS",
-           "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "check_llamacpp_knobs"]
+           "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "EngineKnobs", "LlamaCppKnobs"]
 
-# The storage and compute precision of everything a quantization scheme leaves unquantized: every layer under
-# quant "none", the activations and arithmetic of the weight-only schemes, the kept (fallback) layers, the
-# embedding and head, the KV cache. What a device computes natively is decided by its capability probe
-# (autotune/probe/): bf16 on an AVX2-only CPU is emulated, several times slower than fp32.
-DTYPES = ("fp32", "fp16", "bf16")
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# torch's names of them (getattr(torch, name)): this module stays free of torch.
-TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-# "none": the dtype alone. Recipes and studies made before the dtype knob named that scheme "bf16"
-# (DeployConfig.from_dict reads them).
-QUANT_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
-# How each scheme's weights (and activation scales) are chosen. "rtn" (round-to-nearest, data-free) is what every
-# scheme did before calibration existed; the others use the calibration set (autotune/quant/). "none" has none.
-QUANT_METHODS: dict[str, tuple[str, ...]] = {
-    "none": ("rtn",),
-    "w8a16": ("rtn",),
-    "w8a8": ("rtn", "smoothquant_static", "smoothquant_dynamic"),
-    "w4a16": ("rtn", "awq"),
-}
-# How many of the most sensitive decoder linear layers a quantized scheme may keep in the compute dtype.
-FALLBACK_LAYERS = (0, 1, 2, 4, 8)
-FUSION_LEVELS = ("O0", "O1", "O2")
-KV_POLICIES = ("preallocate", "on_demand", "pool")
-# What runs the model (autotune/config/runtimes.py): autotune's own engine (torch), or llama.cpp on a GGUF file.
-# Each has knobs the other has no meaning for; batch_size (llama.cpp's parallel sequences) and device_power (its
-# threads) are shared.
-# "source": the model's own GGUF as shipped (SmolLM2's is Q4_1); the others are made from it once per model with
-# llama.cpp's quantizer (autotune/llamacpp/gguf_files.py) and cached.
-GGUF_TYPES = ("source", "Q4_0", "Q4_K_M", "Q8_0", "F16", "BF16")
-# The KV cache's storage type (K and V alike). A quantized V cache needs flash attention: llama.cpp refuses it
-# otherwise.
-KV_TYPES = ("f16", "q8_0")
-# "auto": llama.cpp turns flash attention on where the device has the kernel (every CPU build has it).
-FLASH_ATTN = ("auto", "on", "off")
-# Only these change what the model computes; the rest change speed and memory. Gate results are keyed by them.
-NUMERICS_KNOBS = ("runtime", "dtype", "quant", "fusion_level", "layers_per_subgraph", "quant_method",
-                  "fallback_layers", "gguf_type", "kv_type", "flash_attn")
-# Knobs added after recipes were first named by digest: left out of digest() and numerics_key() while at their
-# defaults (DeployConfig's), so that a configuration that does not use them keeps its digest (and its recipe file
-# name) and its gate key.
-_LATER_KNOBS = ("quant_method", "fallback_layers", "dtype", "runtime", *LLAMACPP_KNOBS)
-# The scheme names of configurations written before the dtype knob: old name -> (scheme, dtype).
-_LEGACY_SCHEMES = {"bf16": ("none", "bf16")}
-
-
-
-def check_llamacpp_knobs(gguf_type: str, n_batch: int, n_ubatch: int, flash_attn: str, kv_type: str,
-                         n_ctx: int) -> None:
-    """ValueError where llama.cpp would refuse the combination, said in its terms."""
-    if gguf_type not in GGUF_TYPES:
-        raise ValueError(f"gguf_type must be one of {GGUF_TYPES}, not {gguf_type!r}")
-    if kv_type not in KV_TYPES:
-        raise ValueError(f"kv_type must be one of {KV_TYPES}, not {kv_type!r}")
-    if flash_attn not in FLASH_ATTN:
-        raise ValueError(f"flash_attn must be one of {FLASH_ATTN}, not {flash_attn!r}")
-    if kv_type != "f16" and flash_attn == "off":
-        raise ValueError(f"a {kv_type} KV cache needs flash attention (llama.cpp quantizes V only in it)")
-    if n_ctx < 0:
-        raise ValueError(f"n_ctx must be >= 0 (0: the model's trained context), not {n_ctx}")
-    if not 1 <= n_ubatch <= n_batch:
-        raise ValueError(f"need 1 <= n_ubatch <= n_batch, not {n_ubatch}, {n_batch}")
+# Every runtime's knobs that change what the model computes (each knob class's NUMERICS), and the runtime itself.
+NUMERICS_KNOBS = ("runtime", *(k for r in RUNTIMES.values() for k in r.knob_class.NUMERICS))
+# Every runtime's knobs at their defaults: what a stored configuration may carry of another runtime's (configurations
+# once held every knob) and have dropped.
+_KNOB_DEFAULTS = {f.name: f.default for r in RUNTIMES.values() for f in fields(r.knob_class)}
+_KNOWN = {"runtime", *SHARED_KNOBS, *_KNOB_DEFAULTS}
 
 
 def _upgraded(values: dict) -> dict:
     """A copy of stored configuration values with a scheme name from before the dtype knob replaced."""
     out = dict(values)
-    if out.get("quant") in _LEGACY_SCHEMES:
-        out["quant"], legacy_dtype = _LEGACY_SCHEMES[out["quant"]]
+    if out.get("quant") in LEGACY_SCHEMES:
+        out["quant"], legacy_dtype = LEGACY_SCHEMES[out["quant"]]
         out.setdefault("dtype", legacy_dtype)
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DeployConfig:
-    """How one model is deployed. `layers_per_subgraph` is 0 for "all layers in one graph" and is only
-    meaningful when fused (O1/O2); eager (O0) configurations carry None."""
+    """How one model is deployed: `batch_size` sequences decoded together (llama.cpp's parallel sequences),
+    `device_power` a backend-defined level (on the CPU the number of threads, 0: all cores), and `knobs`, the
+    runtime's own. Built from keywords, `DeployConfig(quant="w8a16", batch_size=16)`, the runtime named where it
+    is not the engine: `DeployConfig(runtime="llamacpp", gguf_type="Q8_0")`."""
 
-    quant: str = "none"
-    fusion_level: str = "O0"
-    layers_per_subgraph: int | None = None
-    batch_size: int = 8
-    page_size: int = 128
-    kv_policy: str = "on_demand"
-    device_power: int = 0  # backend-defined level; on the CPU the number of threads (0: all cores)
-    quant_method: str = "rtn"  # one of QUANT_METHODS[quant]
-    fallback_layers: int = 0  # the most sensitive decoder linear layers kept in the compute dtype
-    # Default bf16: what every configuration computed in before the knob existed, so that old ones read the same.
-    dtype: str = "bf16"
-    runtime: str = DEFAULT_RUNTIME  # one of RUNTIMES; the llamacpp backend's configurations are "llamacpp"
-    # llama.cpp's knobs (LLAMACPP_KNOBS), at these defaults unless the runtime is llamacpp: llama-server's given
-    # only a model, but for a context that holds the study's batch.
-    gguf_type: str = "source"
-    n_batch: int = 2048
-    n_ubatch: int = 512
-    flash_attn: str = "auto"
-    kv_type: str = "f16"
-    n_ctx: int = 4096
+    knobs: Knobs
+    batch_size: int
+    device_power: int
 
-    def __post_init__(self) -> None:
-        if self.quant in _LEGACY_SCHEMES:
-            scheme, dtype = _LEGACY_SCHEMES[self.quant]
-            raise ValueError(f"quant {self.quant!r} is now quant {scheme!r} with dtype {dtype!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
-        if self.quant not in QUANT_SCHEMES:
-            raise ValueError(f"quant must be one of {QUANT_SCHEMES}, not {self.quant!r}")
-        if self.quant_method not in QUANT_METHODS[self.quant]:
-            raise ValueError(f"quant_method for {self.quant} must be one of {QUANT_METHODS[self.quant]}, "
-                             f"not {self.quant_method!r}")
-        if self.fallback_layers < 0 or (self.quant == "none" and self.fallback_layers):
-            raise ValueError(f"fallback_layers must be >= 0, and 0 for quant none (nothing is quantized); "
-                             f"not {self.fallback_layers}")
-        if self.fusion_level not in FUSION_LEVELS:
-            raise ValueError(f"fusion_level must be one of {FUSION_LEVELS}, not {self.fusion_level!r}")
-        if self.fusion_level == "O0" and self.layers_per_subgraph is not None:
-            raise ValueError("layers_per_subgraph applies only to fused levels (O1, O2)")
-        if self.fusion_level != "O0" and (self.layers_per_subgraph is None or self.layers_per_subgraph < 0):
-            raise ValueError("fused levels need layers_per_subgraph >= 1, or 0 for all layers")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, not {self.page_size}")
-        if self.kv_policy not in KV_POLICIES:
-            raise ValueError(f"kv_policy must be one of {KV_POLICIES}, not {self.kv_policy!r}")
-        if self.device_power < 0:
-            raise ValueError(f"device_power must be >= 0, not {self.device_power}")
-        runtime_of(self.runtime)
-        check_llamacpp_knobs(*(getattr(self, k) for k in LLAMACPP_KNOBS))
-        # A knob of another runtime away from its default would be recorded but never applied.
-        stray = [k for k in other_knobs(self.runtime) if getattr(self, k) != _DEFAULTS[k]]
+    def __init__(self, knobs: Knobs | None = None, *, runtime: str | None = None, batch_size: int = 8,
+                 device_power: int = 0, **values) -> None:
+        own = runtime_of(runtime or (knobs.RUNTIME if knobs is not None else DEFAULT_RUNTIME))
+        if knobs is not None and knobs.RUNTIME != own.name:
+            raise ValueError(f"knobs of the {knobs.RUNTIME} runtime given for the {own.name} runtime")
+        unknown = sorted(set(values) - _KNOWN)
+        if unknown:
+            raise ValueError(f"unknown configuration keys {unknown}; known: {sorted(_KNOWN)}")
+        # Another runtime's knob away from its default would be recorded but never applied.
+        stray = [k for k, v in values.items() if k not in own.knobs and v != _KNOB_DEFAULTS[k]]
         if stray:
             raise ValueError(f"{', '.join(stray)} {'does' if len(stray) == 1 else 'do'} not apply to the "
-                             f"{self.runtime} runtime")
+                             f"{own.name} runtime")
+        mine = {k: v for k, v in values.items() if k in own.knobs}
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        if device_power < 0:
+            raise ValueError(f"device_power must be >= 0, not {device_power}")
+        object.__setattr__(self, "knobs", own.knob_class(**mine) if knobs is None else replace(knobs, **mine))
+        object.__setattr__(self, "batch_size", batch_size)
+        object.__setattr__(self, "device_power", device_power)
+
+    def __getattr__(self, name: str):
+        """The runtime's knob `name` (only reached for what is not an attribute of the configuration itself)."""
+        knobs = object.__getattribute__(self, "knobs")
+        if name in knobs.__dataclass_fields__:
+            return getattr(knobs, name)
+        raise AttributeError(f"a configuration of the {knobs.RUNTIME} runtime has no knob {name!r}")
+
+    @property
+    def runtime(self) -> str:
+        return self.knobs.RUNTIME
 
     @classmethod
     def from_dict(cls, data: dict) -> DeployConfig:
@@ -161,17 +104,13 @@ class DeployConfig:
     @classmethod
     def from_params(cls, params: dict) -> DeployConfig:
         """From search-space parameters, where layers_per_subgraph may be the string "all"."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(params) - known
-        if unknown:
-            raise ValueError(f"unknown configuration keys {sorted(unknown)}; known: {sorted(known)}")
         values = _upgraded(params)
         lps = values.get("layers_per_subgraph")
         if lps == "all":
             values["layers_per_subgraph"] = 0
         elif lps is not None:
             values["layers_per_subgraph"] = int(lps)
-        if values.get("fusion_level", "O0") == "O0":
+        if "layers_per_subgraph" in values and values.get("fusion_level", "O0") == "O0":
             values["layers_per_subgraph"] = None
         return cls(**values)
 
@@ -179,34 +118,25 @@ class DeployConfig:
         """The runtime's own knobs and the shared ones, the runtime named unless it is the default: a configuration
         of the engine reads as it did before llama.cpp's knobs existed, one of llama.cpp carries none of the
         engine's."""
-        other = other_knobs(self.runtime)
-        values = {k: v for k, v in asdict(self).items() if k not in other}
-        if not runtime_of(self.runtime).named:
-            del values["runtime"]
+        own = RUNTIMES[self.runtime]
+        values = {k: getattr(self.knobs, k) for k in own.knobs}
+        values.update(batch_size=self.batch_size, device_power=self.device_power)
+        if own.named:
+            values["runtime"] = own.name
         return values
 
-    def _keyed(self, names) -> dict:
-        out = {k: getattr(self, k) for k in names if k not in _LATER_KNOBS or _DEFAULTS[k] != getattr(self, k)}
-        if out.get("quant") == "none" and "dtype" not in out:
-            out["quant"] = "bf16"  # what quant none in bf16 was called: its digest and gate key stay the same
-        return out
-
     def numerics_key(self) -> str:
-        """Stable key of the knobs that change numerics (see NUMERICS_KNOBS), of this configuration's runtime."""
-        other = other_knobs(self.runtime)
-        return json.dumps(self._keyed(k for k in NUMERICS_KNOBS if k not in other), sort_keys=True)
+        """Stable key of the knobs that change numerics (the runtime's NUMERICS, and the runtime where named)."""
+        values = self.to_dict()
+        names = ("runtime", *self.knobs.NUMERICS)
+        return json.dumps(self.knobs.keyed({k: values[k] for k in names if k in values}), sort_keys=True)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self._keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.knobs.keyed(self.to_dict()), sort_keys=True).encode()).hexdigest()[:12]
 
     def scheme_label(self) -> str:
-        """The numerics in a word: "fp32", "w4a16+awq+fb2@bf16", "gguf:Q8_0" (its runtime's, config/runtimes.py)."""
-        return RUNTIMES[self.runtime].scheme_label(self)
+        """The numerics in a word: "fp32", "w4a16+awq+fb2@bf16", "gguf:Q8_0" (its knob class's)."""
+        return self.knobs.scheme_label()
 
     def label(self) -> str:
-        return RUNTIMES[self.runtime].label(self)
-
-
-# Every knob's default, as the class declares it: what a knob of the other runtime must stay at, and what a later
-# knob is left out of keys at.
-_DEFAULTS = {f.name: f.default for f in fields(DeployConfig)}
+        return self.knobs.label(self.batch_size, self.device_power)

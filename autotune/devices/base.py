@@ -1,8 +1,7 @@
 """What a trial needs from the accelerator it runs on: placement, synchronisation for timing, peak memory from the
 device's allocator, the compile path of each fusion level, the quantized linear path of each scheme, and the knobs
-the hardware cannot honour. The CPU path of the engine does not go through a Device (it predates this interface
-and stays byte-for-byte as it was); CUDA and NPU trials do. A Device is below the trial: it knows the engine, not
-the backends that pick it."""
+the hardware cannot honour, and the build. Every trial, `verify` and `serve` build and measure through one: the CPU's
+is autotune/devices/cpu.py. A Device is below the trial: it knows the engine, not the backends that pick it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -76,6 +75,22 @@ class Device(ABC):
 
     def limits(self) -> list[Limit]:
         return []
+
+    def start_peak(self) -> bool:
+        """The benchmark's (benchmark/meter.py Meter): an allocator's statistics are always resettable."""
+        self.reset_peak_memory()
+        return True
+
+    def peak_since(self, base_rss: int) -> int:
+        """The allocator's high-water mark: the process's memory before loading (`base_rss`) is not in it."""
+        return self.peak_memory_bytes()
+
+    def build(self, hf_model, config, plan=None, packages=None):
+        """The engine of `config` on this device (engine/build.py build_on_device); `packages` (AOTInductor's, for
+        O2 on the CPU) means nothing here."""
+        from autotune.engine.build import build_on_device
+
+        return build_on_device(hf_model, config, self, plan)
 
     def capabilities(self) -> Capabilities | None:
         return None

@@ -1,23 +1,22 @@
-"""This machine's CPU as a Device, for callers that want one interface over every device kind."""
+"""This machine's CPU as a Device: the one path trials, `verify` and `serve` take on the CPU."""
 from __future__ import annotations
 
+from autotune.benchmark.meter import HostMeter
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak
 from autotune.devices.base import CompileOptions, Device
-from autotune.engine.build import COMPILE_MODES
+from autotune.engine.build import COMPILE_MODES, build_engine
 from autotune.engine.quant import QUANTIZERS
 
 __all__ = ["CpuDevice"]
 
 
-class CpuDevice(Device):
-    """The CPU as the engine already uses it: memory is the process's RSS high-water mark (autotune/benchmark/peak_rss.py),
-    compile modes are engine/build.py's COMPILE_MODES, quantizers engine/quant.py's QUANTIZERS."""
+class CpuDevice(HostMeter, Device):
+    """Memory is the process's RSS high-water mark (autotune/benchmark/meter.py HostMeter); compile modes are
+    engine/build.py's COMPILE_MODES, quantizers engine/quant.py's QUANTIZERS; the build is engine/build.py's
+    build_engine, with its prepacking, spilling and AOTInductor packages."""
 
     name = "cpu"
     torch_device = "cpu"
-
-    def synchronize(self) -> None:
-        return None  # CPU kernels return when done
 
     def reset_peak_memory(self) -> None:
         reset_peak()
@@ -31,3 +30,6 @@ class CpuDevice(Device):
 
     def quantizer(self, scheme: str):
         return QUANTIZERS[scheme]()
+
+    def build(self, hf_model, config, plan=None, packages=None):
+        return build_engine(hf_model, config, plan=plan, packages=packages)

@@ -16,7 +16,7 @@ from autotune.engine.quant import decoder_linear
 from autotune.engine.runner import Runner, batch_buckets
 from autotune.engine.spill import SpilledParameters, spill_parameters
 
-__all__ = ["Engine", "build_engine", "COMPILE_MODES", "TORCH_DTYPES"]
+__all__ = ["Engine", "build_engine", "build_on_device", "COMPILE_MODES", "TORCH_DTYPES"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, t) for name, t in TORCH_DTYPE_NAMES.items()}
 
@@ -89,10 +89,11 @@ def _compile_segments(model: EngineModel, config: DeployConfig, mode: str) -> No
     model.logits = torch.compile(model.logits)  # final norm and the (vocabulary-wide) head
 
 
-def _build_on_device(hf_model: nn.Module, config: DeployConfig, device,
-                     plan: QuantPlan | None) -> tuple[EngineModel, dict]:
-    """The accelerator path (autotune/devices/base.py Device): weights move to the device before quantizing,
-    so each quantizer packs for that device's kernels; each segment compiles as the device maps the fusion level."""
+def build_on_device(hf_model: nn.Module, config: DeployConfig, device, plan: QuantPlan | None = None) -> Engine:
+    """An accelerator's build (autotune/devices/base.py Device.build): weights move to the device before
+    quantizing, so each quantizer packs for that device's kernels; each segment compiles as the device maps the
+    fusion level. `hf_model` and `plan` as for build_engine."""
+    started = time.perf_counter()
     model = EngineModel(hf_model, TORCH_DTYPES[config.dtype], config.layers_per_subgraph or None).to(
         device.torch_device)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, device.quantizer(config.quant),
@@ -104,22 +105,19 @@ def _build_on_device(hf_model: nn.Module, config: DeployConfig, device,
             segment.decode = device.compile(segment.decode, config.fusion_level)
         model.logits = device.compile(model.logits, config.fusion_level)
     device.synchronize()
-    return model, coverage
+    return Engine(model, config, time.perf_counter() - started, coverage)
 
 
-def build_engine(hf_model: nn.Module, config: DeployConfig, device=None, plan: QuantPlan | None = None,
+def build_engine(hf_model: nn.Module, config: DeployConfig, plan: QuantPlan | None = None,
                  packages: Path | None = None) -> Engine:
-    """hf_model: a transformers LlamaForCausalLM in fp32; it is only read. The engine computes in `config.dtype`.
-    `device`: an accelerator's Device (autotune/devices/base.py); None builds for this process's CPU, as before.
+    """The CPU's build (autotune/devices/cpu.py CpuDevice.build; accelerators build with build_on_device).
+    hf_model: a transformers LlamaForCausalLM in fp32; it is only read. The engine computes in `config.dtype`.
     `plan`: what the configuration's quant_method and fallback_layers need from the calibration set
     (autotune/quant: quant_plan); None for round-to-nearest without fallback. A scheme that converts fewer layers
     than it claims fails (TrialFailure).
     `packages`: a folder for O2's graphs on the CPU as AOTInductor packages (engine/packaged.py), which a later
     build with the same folder loads instead of compiling; None compiles with torch.compile, as trials do."""
     started = time.perf_counter()
-    if device is not None:
-        model, coverage = _build_on_device(hf_model, config, device, plan)
-        return Engine(model, config, time.perf_counter() - started, coverage)
     model = EngineModel(hf_model, TORCH_DTYPES[config.dtype], config.layers_per_subgraph or None)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, fallback_layers=config.fallback_layers)
     if config.quant == "none" and config.dtype == "fp32" and config.fusion_level == "O0" and prepack_available():

@@ -11,27 +11,41 @@ import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from autotune import ENGINE_VERSION
+from autotune.code_hash import code_hash
 from autotune.config.calibration import calibration_inputs, needs_plan
 from autotune.config.deploy import DeployConfig
 from autotune.gate.corpus import decode_set_digest
 from autotune.gate.design import design
+from autotune.host import ISA_FLAGS, cpu_flags, cpu_model, cpu_signature, isa_caps, isa_level
 from autotune.paths import cache_root
 
-__all__ = ["gate_inputs", "gate_key", "numerics_versions", "load_gate", "store_gate", "reference_inputs",
+__all__ = ["gate_inputs", "gate_key", "numerics_versions", "host_numerics", "load_gate", "store_gate",
+           "reference_inputs",
            "reference_path"]
 
 
 def numerics_versions() -> dict[str, str]:
-    """The software whose kernels decide a build's numbers: read from package metadata, so that the study's process
-    and the trial's child compute the same key without importing torch."""
-    out = {"engine": ENGINE_VERSION}
+    """The software whose kernels decide a build's numbers: autotune's build code by its digest (code_hash.py), the
+    libraries by package metadata, so that the study's process and the trial's child compute the same key without
+    importing torch."""
+    out = {"engine": code_hash()}
     for package in ("torch", "torchao", "transformers"):
         try:
             out[package] = version(package)
         except PackageNotFoundError:
             out[package] = "absent"
     return out
+
+
+def host_numerics() -> dict:
+    """This CPU as far as it decides a build's rounding: its model and family/model, the ISA flags it has (of those
+    that pick kernels, host.ISA_FLAGS), and the
+    level torch's kernels run at under the caps set (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY): emulated and native
+    bf16 round differently, so a verdict made under a cap is not one made without it."""
+    flags = cpu_flags()
+    return {"cpu": cpu_model(), "signature": cpu_signature(), "flags": sorted(flags & set(ISA_FLAGS)),
+            "isa_level": isa_level(flags),
+            "isa_caps": isa_caps()}
 
 
 def _digest(inputs: dict) -> str:
@@ -56,12 +70,14 @@ def gate_inputs(model_checksum: str, eval_digest: str, config: DeployConfig, *, 
                 min_agreement: float, device: str, threads: int, kept_layers: tuple[str, ...] | None = None,
                 versions: dict | None = None) -> dict:
     """Everything that changes a gate's figures or its verdict: the reference's inputs, the numerics, the verdict's
-    settings (the staged stop depends on min_agreement), the device (another device's kernels), the thread count
+    settings (the staged stop depends on min_agreement), the device (another device's kernels) and the CPU it runs
+    on (host_numerics), the thread count
     (how a reduction is split), the versions of the engine and of the libraries whose kernels it runs (`versions`
     where the runtime is not torch's: llama.cpp's build), and for a calibrated build every figure of its calibration
     and the layers it keeps when they are given rather than ranked."""
     return {"reference": reference_inputs(model_checksum, eval_digest), "numerics": config.numerics_key(),
-            "tie_epsilon": tie_epsilon, "min_agreement": min_agreement, "device": device, "threads": threads,
+            "tie_epsilon": tie_epsilon, "min_agreement": min_agreement, "device": device, "host": host_numerics(),
+            "threads": threads,
             "versions": numerics_versions() if versions is None else versions,
             "calibration": calibration_inputs() if needs_plan(config) else None,
             "kept_layers": list(kept_layers) if kept_layers is not None else None}

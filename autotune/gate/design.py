@@ -2,18 +2,21 @@
 the cache keys take all of them (autotune/gate/cache.py reads this module's upper-case names), and changing one
 can never serve a stale answer.
 
-The decode check's sizes: a correct build must pass with a margin, and a verdict must mean something. With prompts
-of 48 tokens and 32 scored decode steps each, one stage of 48 prompts is 1,536 positions; a build with at most two
-misses there has a 95% Clopper-Pearson lower bound above 0.995 and passes at once. One whose interval straddles the
-threshold gets more prompts, a stage at a time, up to 192 (6,144 positions, the [0.9954, 0.9983] interval of a
-build at 0.997). Many short continuations of different passages, not a few long ones: a lost decision then costs
-one position, and the sample is of many contexts."""
+The decode check's sizes and rule: a correct build must pass with a margin, and a verdict must mean something. With
+prompts of 48 tokens and 32 scored decode steps each, one stage of 48 prompts is 1,536 positions, up to 192 prompts
+(6,144 positions). After each stage, Wald's sequential probability ratio test weighs a build at the fail point (it
+misses DECODE_FAIL_MISS_RATIO times as often as the threshold allows: true agreement 0.994 at 0.995) against one at
+the pass point (DECODE_PASS_MISS_RATIO times: 0.997), with error rates DECODE_ALPHA (a build at the fail point
+passes) and DECODE_BETA (one at the pass point does not). Undecided at the cap is "marginal": not a pass unless the
+search accepts marginal builds. Many short continuations of different passages, not a few long ones: a lost
+decision then costs one position, and the sample is of many contexts."""
 from __future__ import annotations
 
 import sys
 
 __all__ = ["TOP_K", "DECODE_PROMPT_TOKENS", "DECODE_NEW_TOKENS", "DECODE_STAGE_PROMPTS", "DECODE_MAX_PROMPTS",
-           "CONFIDENCE", "GATE_VERSION", "REFERENCE_VERSION", "design"]
+           "CONFIDENCE", "DECODE_FAIL_MISS_RATIO", "DECODE_PASS_MISS_RATIO", "DECODE_ALPHA",
+           "DECODE_BETA", "GATE_VERSION", "REFERENCE_VERSION", "design"]
 
 # Reference distributions are kept as their top-K: enough to decide near-ties and most of the KL mass.
 TOP_K = 64
@@ -24,6 +27,10 @@ DECODE_NEW_TOKENS = 33
 DECODE_STAGE_PROMPTS = 48
 DECODE_MAX_PROMPTS = 192
 CONFIDENCE = 0.95  # of the Clopper-Pearson intervals the verdicts are stated with
+DECODE_FAIL_MISS_RATIO = 1.2
+DECODE_PASS_MISS_RATIO = 0.6
+DECODE_ALPHA = 0.05
+DECODE_BETA = 0.2
 # Bump when what a gate computes changes in a way the figures above do not say (how positions are scored).
 GATE_VERSION = "3"
 # Bump when the reference's content changes in a way the figures above do not say (what is stored).

@@ -6,7 +6,16 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune.gate.design import GATE_VERSION
 
-__all__ = ["GateResult"]
+__all__ = ["GateResult", "verdict_word"]
+
+
+def verdict_word(gate: dict) -> str:
+    """A stored gate's verdict in a word or two, as the table, the recipe's notes and `verify` show it."""
+    if gate.get("accepted_marginal"):
+        return "marginal (accepted)"
+    if gate.get("passed"):
+        return "pass"
+    return "marginal" if gate.get("marginal") else "FAIL"
 
 
 @dataclass(slots=True)
@@ -15,9 +24,9 @@ class GateResult:
     same measure through the configuration's own decode path, at its batch size and page size, teacher-forced
     along the reference's greedy continuation of the decode prompts. Both must exceed `min_agreement`, and a gate
     without a decode result never passes. Each agreement comes with its 95% interval; the decode check's verdict
-    is decided by its interval where it can be (`decode_decided`), else by its point estimate at the cap, and
-    `decode_verdict` says which. `stopped_early`: the windows already held more misses than a pass allows, so the
-    rest was not run. `version`: the gate that measured these (autotune/gate/design.py)."""
+    is the sequential test's (autotune/gate/verdict.py), and a build it leaves undecided at the cap is marginal
+    (`decode_decided` False, `decode_passed` False), which `decode_verdict` says. `stopped_early`: the windows
+    already held more misses than a pass allows, so the rest was not run. `version`: the gate that measured these (autotune/gate/design.py)."""
 
     tie_aware_agreement: float
     raw_agreement: float
@@ -45,6 +54,11 @@ class GateResult:
         return not self.stopped_early and self.tie_aware_agreement > self.min_agreement
 
     @property
+    def marginal(self) -> bool:
+        """Teacher-forced windows passed, and the decode check undecided at its cap."""
+        return self.windows_passed and self.decode_decided is False
+
+    @property
     def passed(self) -> bool:
         return self.windows_passed and self.decode_passed is True
 
@@ -62,7 +76,7 @@ class GateResult:
                 f"({self.tie_aware_agreement:.4f})")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "passed": self.passed}
+        return {**asdict(self), "passed": self.passed, "marginal": self.marginal}
 
     @classmethod
     def from_dict(cls, figures: dict) -> GateResult:

@@ -24,7 +24,7 @@ def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload:
     n = workload.output_tokens
     requests = [Request(p, n, min_new_tokens=n) for p in prompts]
     started = time.perf_counter()
-    wave = min(ctx.config.parallel, len(prompts))
+    wave = min(ctx.config.batch_size, len(prompts))
     ctx.run([Request(p, min(4, n), min_new_tokens=min(4, n)) for p in prompts[:wave]] if policy.warmup == "short"
             else requests)
     warmup_s = time.perf_counter() - started

@@ -1,5 +1,5 @@
 """llama.cpp through llama-cpp-python's low-level API: the model loaded once, and contexts made from it with one
-configuration's knobs. A context runs requests as llama-server's slots do (continuous batching: up to `parallel`
+configuration's knobs. A context runs requests as llama-server's slots do (continuous batching: up to `batch_size`
 sequences, each step's decode tokens first, then prompt chunks, up to n_batch tokens per llama_decode call,
 greedy choices from the logits), or returns every position's logits of one sequence (the gate's windows)."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from autotune.config.deploy import DeployConfig
 from autotune.engine.sequence import Completion, Request  # the engine's: one request and completion type for both
 from autotune.errors import TrialFailure
-from autotune.llamacpp.config import LlamaCppConfig
 
 __all__ = ["LlamaCppModel", "LlamaCppContext"]
 
@@ -44,7 +44,7 @@ class LlamaCppModel:
         # the workload's requests do (end-of-sequence is ignored).
         self.end_ids = sorted({t for t in (lc.llama_vocab_eos(vocab), lc.llama_vocab_eot(vocab)) if t >= 0})
 
-    def context(self, config: LlamaCppConfig, threads: int) -> LlamaCppContext:
+    def context(self, config: DeployConfig, threads: int) -> LlamaCppContext:
         return LlamaCppContext(self, config, threads)
 
     def close(self) -> None:
@@ -67,16 +67,16 @@ class _Slot:
 
 
 class LlamaCppContext:
-    """One llama_context: its KV cache (n_ctx tokens, unified over `parallel` sequences, as llama-server's default
+    """One llama_context: its KV cache (n_ctx tokens, unified over `batch_size` sequences, as llama-server's default
     --parallel sets up), batch sizes, flash attention and KV type, and `threads` threads for prompt and decode."""
 
-    def __init__(self, model: LlamaCppModel, config: LlamaCppConfig, threads: int) -> None:
+    def __init__(self, model: LlamaCppModel, config: DeployConfig, threads: int) -> None:
         lc = _lib()
         self.model, self.config, self.threads = model, config, threads
         params = lc.llama_context_default_params()
         params.n_ctx = config.n_ctx or model.n_ctx_train
         params.n_batch, params.n_ubatch = config.n_batch, config.n_ubatch
-        params.n_seq_max = config.parallel
+        params.n_seq_max = config.batch_size
         params.n_threads = params.n_threads_batch = threads
         params.flash_attn_type = getattr(lc, _FLASH[config.flash_attn])
         params.type_k = params.type_v = getattr(lc, _KV[config.kv_type])
@@ -127,19 +127,19 @@ class LlamaCppContext:
         return out
 
     def run(self, requests: list[Request]) -> list[Completion]:
-        """Every request to its last token, `parallel` at a time, a waiting one taking the first free sequence."""
+        """Every request to its last token, `batch_size` at a time, a waiting one taking the first free sequence."""
         if any(r.min_new_tokens != r.max_new_tokens for r in requests):
             raise ValueError("llama.cpp's runner produces exactly max_new_tokens (end-of-sequence is masked): give "
                              "every request min_new_tokens == max_new_tokens")
         longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
-        if longest * min(self.config.parallel, len(requests)) > self.n_ctx:
-            raise TrialFailure(f"n_ctx {self.n_ctx} cannot hold {min(self.config.parallel, len(requests))} sequences "
+        if longest * min(self.config.batch_size, len(requests)) > self.n_ctx:
+            raise TrialFailure(f"n_ctx {self.n_ctx} cannot hold {min(self.config.batch_size, len(requests))} sequences "
                                f"of up to {longest} tokens")
         self._clear()
         start = time.perf_counter()
         done = [Completion(r, arrival=start) for r in requests]
         waiting = deque(range(len(requests)))
-        free = list(range(self.config.parallel))[::-1]
+        free = list(range(self.config.batch_size))[::-1]
         active: dict[int, _Slot] = {}
         mask = self.model.end_ids
         while waiting or active:

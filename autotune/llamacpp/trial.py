@@ -10,7 +10,6 @@ from pathlib import Path
 
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.benchmark.policy import RunPolicy
-from autotune.config.deploy import DeployConfig
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows
@@ -19,7 +18,7 @@ from autotune.gate.result import GateResult
 from autotune.host import num_cores
 from autotune.llamacpp.bench import benchmark_llamacpp
 from autotune.llamacpp.build_info import llamacpp_versions, numerics_versions, server_identity
-from autotune.llamacpp.config import LlamaCppConfig
+from autotune.llamacpp.config import llamacpp_config, server_command
 from autotune.llamacpp.engine import LlamaCppModel
 from autotune.llamacpp.gate import llamacpp_decode_check, llamacpp_gate
 from autotune.llamacpp.gguf_files import gguf_file
@@ -56,15 +55,15 @@ class _LlamaCppStages:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.config = LlamaCppConfig.of(DeployConfig.from_dict(job.config))
-        self.threads = self.config.threads or num_cores()
+        self.config = llamacpp_config(job.config)
+        self.threads = self.config.device_power or num_cores()
         self.workload = Workload(**job.workload)
         self.versions = numerics_versions()  # llama.cpp's build: its kernels decide the figures
         self.model: LlamaCppModel | None = None
 
     def build(self) -> JobResult:
         config, workload = self.config, self.workload
-        held = min(config.parallel, workload.num_requests)
+        held = min(config.batch_size, workload.num_requests)
         if config.n_ctx and held * workload.max_seq_len > config.n_ctx:
             # Known before anything is loaded: the gate's minutes are not spent on a context the benchmark cannot
             # use.
@@ -86,7 +85,7 @@ class _LlamaCppStages:
         self.model = LlamaCppModel(gguf_file(spec, self.checksum, config.gguf_type, self.threads))
         return JobResult(Status.OK, build_s=time.perf_counter() - t0, threads=self.threads,
                          versions={**llamacpp_versions(), **server_identity(self.model.path)},
-                         what=config.server_command(str(self.model.path), self.threads))
+                         what=server_command(config, str(self.model.path), self.threads))
 
     def gate(self, cached: dict | None) -> dict:
         job = self.job

@@ -14,7 +14,7 @@ from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from autotune import ENGINE_VERSION
+from autotune.code_hash import code_hash
 from autotune.config.deploy import DTYPES, QUANT_SCHEMES, TORCH_DTYPE_NAMES
 from autotune.errors import AutotuneError
 from autotune.host import ISA_FLAGS, cpu_flags, cpu_model, hardware_class, isa_caps, isa_level, num_cores
@@ -179,7 +179,7 @@ def _key() -> str:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = "absent"
-    text = json.dumps([PROBE_VERSION, ENGINE_VERSION, cpu_model(), cpu_signature(), num_cores(),
+    text = json.dumps([PROBE_VERSION, code_hash(), cpu_model(), cpu_signature(), num_cores(),
                        sorted(cpu_flags() & set(ISA_FLAGS)),
                        isa_caps(), versions], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

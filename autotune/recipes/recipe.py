@@ -82,6 +82,9 @@ class Recipe:
         elif gate and gate.get("measured", True) is not False and str(gate.get("version", "2")) != GATE_VERSION:
             out.append(f"it was gated by gate version {gate.get('version', '2')}, not today's {GATE_VERSION} (a "
                        "smaller decode check, verdicts without intervals): autotune verify re-gates it")
+        if gate.get("accepted_marginal"):
+            out.append(f"its gate verdict was marginal ({gate.get('decode_verdict')}), accepted by "
+                       "--accept-marginal: it may be below the threshold")
         ran = self.data["metrics"].get("concurrency_peak")
         if ran is not None and ran < self.config.batch_size:
             out.append(f"at most {ran} of its batch of {self.config.batch_size} sequences ran at once (its KV page "

@@ -12,6 +12,7 @@ from autotune.backends import Backend, get_backend
 from autotune.errors import AutotuneError, UserInputError
 from autotune.gate.cache import reference_path
 from autotune.gate.corpus import EVAL_POSITIONS, eval_set_digest
+from autotune.gate.result import verdict_word
 from autotune.host import class_note
 from autotune.models.registry import resolve_model
 from autotune.models.weights import model_checksum
@@ -104,7 +105,8 @@ def _measure(recipe: Recipe, backend: Backend, threads: int | None, repeats: int
     # The layers the recipe kept in the compute dtype, as recorded: a ranking redone here could pick others.
     keep = list(recipe.kept_layers) or None
     job = Job(kind=JobKind.TRIAL, config=recipe.config.to_dict(), threads=threads, keep=keep,
-              min_agreement=gate.get("min_agreement", 0.995), tie_epsilon=gate.get("tie_epsilon", 0.05), **common)
+              min_agreement=gate.get("min_agreement", 0.995), tie_epsilon=gate.get("tie_epsilon", 0.05),
+              accept_marginal=bool(gate.get("accepted_marginal")), **common)
     result = backend.run(job, timeout_s)
     if result.status is Status.ERROR:
         tail = "\n".join((result.log_tail or [])[-5:])
@@ -120,8 +122,8 @@ def _print_side_by_side(checks: list[Check], recorded_gate: dict, gate: dict, pr
         if gate.get(key) is not None:
             rec = recorded_gate.get(key)
             print(f"gate {key:<17} {'-' if rec is None else format(rec, '.4f'):>12} {gate[key]:>12.4f} {'':>8}")
-    print(f"{'gate':<22} {'pass':>12} {'pass' if gate['passed'] else 'FAIL':>12} {'':>8}  "
-          f"{'ok' if gate['passed'] else 'FAILS (min ' + str(gate['min_agreement']) + ')'}")
+    print(f"{'gate':<22} {verdict_word(recorded_gate) if recorded_gate else 'pass':>12} {verdict_word(gate):>12} "
+          f"{'':>8}  {'ok' if gate['passed'] else 'FAILS (min ' + str(gate['min_agreement']) + ')'}")
     for c in checks:
         if not comparable:
             # Another backend's figures: a ratio to the prediction would read as the simulator's error.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -45,7 +46,12 @@ def dashboard(args) -> int:
     shown = f"[{host}]" if ":" in str(host) else host
 
     def stop(signum, frame) -> None:
-        raise KeyboardInterrupt  # SIGTERM ends it like Ctrl-C: the socket is closed below
+        # SIGTERM ends it like Ctrl-C, and the socket is closed below. The exception alone is not enough: raised
+        # while the app runs a request, wsgiref's handler catches it (logs it and serves on); the shutdown flag
+        # then ends serve_forever's loop after that request. shutdown() waits for the loop, so it runs on a thread
+        # of its own, not in this one's signal handler.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+        raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
     print(f"optuna-dashboard for study {study.study_name} ({redact(url)}, artifacts in {folder})")
@@ -55,6 +61,7 @@ def dashboard(args) -> int:
               file=sys.stderr)
     try:
         server.serve_forever()
+        print("dashboard stopped", file=sys.stderr)
     except KeyboardInterrupt:
         print("dashboard stopped", file=sys.stderr)
     finally:

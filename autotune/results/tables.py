@@ -14,7 +14,10 @@ __all__ = ["pareto_table", "study_summary"]
 def _agreement(gate: dict) -> str:
     if gate.get("measured") is False:
         return "n/m"  # simulated: the gate was not measured
-    return f"{gate['tie_aware_agreement']:.4f}" if "tie_aware_agreement" in gate else "-"
+    if "tie_aware_agreement" not in gate:
+        return "-"
+    # A marginal build on the front is there only by --accept-marginal: the row says so.
+    return f"{gate['tie_aware_agreement']:.4f}" + (" marginal" if gate.get("accepted_marginal") else "")
 
 
 def _peak_mb(bench: dict) -> str:

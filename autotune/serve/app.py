@@ -12,7 +12,6 @@ import torch
 from autotune.benchmark.peak_rss import trim_heap
 from autotune.config.runtimes import runtime_of
 from autotune.devices.registry import get_device
-from autotune.engine import build_engine
 from autotune.errors import UserInputError
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
@@ -67,11 +66,10 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
                              f"{runtime.server}, not with autotune's engine")
     if where.threads:
         torch.set_num_threads(where.threads)
-    # The CPU path of the engine does not go through a Device (autotune/devices/base.py); accelerators do.
-    device = None if where.backend == "cpu" else get_device(where.backend)
+    device = get_device(where.backend)
     hf, tokenizer = load_hf_model(spec, "float32"), load_tokenizer(spec)
     max_seq_len = min(recipe.max_seq_len, hf.config.max_position_embeddings)
-    engine = build_engine(hf, config, device=device,
+    engine = device.build(hf, config,
                           plan=quant_plan(hf, spec, tokenizer, config, recipe.kept_layers), packages=packages)
     del hf
     trim_heap()  # the fp32 model's pages back to the OS, not kept in the heap for the server's lifetime

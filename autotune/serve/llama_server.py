@@ -14,7 +14,7 @@ from pathlib import Path
 from autotune.errors import UserInputError
 from autotune.host import num_cores
 from autotune.llamacpp.build_info import find_llama_server, installed, tools_dir
-from autotune.llamacpp.config import LlamaCppConfig
+from autotune.llamacpp.config import llamacpp_config, server_args
 from autotune.llamacpp.gguf_files import gguf_file
 from autotune.models.registry import resolve_model
 from autotune.models.weights import model_checksum
@@ -43,7 +43,7 @@ def llama_server_binary() -> Path:
 def llama_server_argv(recipe: Recipe, host: str, port: int, force: bool = False) -> list[str]:
     """llama-server's arguments (after the executable) for the recipe's configuration on this machine: its GGUF
     (made here where the recorded path is absent), its threads, and `host`/`port`."""
-    config = LlamaCppConfig.of(recipe.config)
+    config = llamacpp_config(recipe.config)
     spec = resolve_model(recipe.model)
     checksum = model_checksum(spec)
     if checksum != recipe.data["model"]["checksum"] and not force:
@@ -52,8 +52,8 @@ def llama_server_argv(recipe: Recipe, host: str, port: int, force: bool = False)
     recorded = shlex.split(recipe.data["deploy"].get("llama_server", ""))
     model = Path(recorded[recorded.index("-m") + 1]) if "-m" in recorded[:-1] else None
     if model is None or not model.is_file():
-        model = gguf_file(spec, checksum, config.gguf_type, config.threads)
-    return config.server_args(str(model), config.threads or num_cores(), host=host, port=port)
+        model = gguf_file(spec, checksum, config.gguf_type, config.device_power)
+    return server_args(config, str(model), config.device_power or num_cores(), host=host, port=port)
 
 
 def check_llama_server(recipe: Recipe, binary: Path, model: Path, force: bool = False) -> None:

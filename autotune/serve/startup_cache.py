@@ -25,8 +25,12 @@ from pathlib import Path
 
 import torch
 
+from autotune.code_hash import code_hash
 from autotune.engine.packaged import digests_path
+from autotune.gate.cache import host_numerics, numerics_versions
 from autotune.host import cpu_fingerprint
+from autotune.models.registry import resolve_model
+from autotune.models.weights import model_checksum
 from autotune.paths import cache_root, private_dir, write_atomic
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe, recipe_checksum
@@ -36,24 +40,17 @@ __all__ = ["StartupCache", "startup_key"]
 
 ARTIFACTS, META = "artifacts.bin", "meta.json"
 PACKAGES = "o2"
-_ENGINE = Path(__file__).resolve().parent.parent / "engine"
 
 
-def _engine_code() -> str:
-    """The engine's source, hashed: what the graphs are traced from. inductor's keys would only miss on a change;
-    the key says so at once, and keeps a bundle from growing with entries nothing will read again."""
-    digest = hashlib.sha256()
-    for path in sorted(_ENGINE.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def startup_key(recipe: Recipe, backend: str) -> dict[str, str]:
+def startup_key(recipe: Recipe, backend: str) -> dict:
     """What a bundle must have been made under to be loaded: the recipe's content (its checksum computed here, so
-    that a recipe accepted with --force is keyed by what it says now), torch, this machine's hardware class, the
-    backend it was served on and the engine's code."""
-    return {"recipe": recipe_checksum(recipe.data), "torch": torch.__version__,
-            "machine": cpu_fingerprint()["hardware"], "backend": backend, "engine": _engine_code()}
+    that a recipe accepted with --force is keyed by what it says now), the weights loaded (frozen into O2's
+    packages: their checksum here, not the recipe's), the build code (code_hash.py) and the versions of the
+    libraries it runs on, this machine's hardware class and the CPU facts that decide rounding (gate/cache.py
+    host_numerics), and the backend it was served on."""
+    return {"recipe": recipe_checksum(recipe.data), "weights": model_checksum(resolve_model(recipe.model)),
+            "torch": torch.__version__, "versions": numerics_versions(), "machine": cpu_fingerprint()["hardware"],
+            "host": host_numerics(), "backend": backend, "engine": code_hash()}
 
 
 class _Bypasses(logging.Filter):

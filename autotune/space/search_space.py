@@ -9,14 +9,8 @@ import yaml
 
 from autotune.config.deploy import (
     DTYPES,
-    FLASH_ATTN,
-    FUSION_LEVELS,
-    GGUF_TYPES,
-    KV_POLICIES,
-    KV_TYPES,
     NUMERICS_KNOBS,
     QUANT_METHODS,
-    QUANT_SCHEMES,
     DeployConfig,
 )
 from autotune.config.runtimes import DEFAULT_RUNTIME, RUNTIMES, SHARED_KNOBS, other_knobs, runtime_of
@@ -228,20 +222,16 @@ def _by_values(path: str, name: str, node: yaml.Node, by: Dimension) -> dict[Any
     return choices
 
 
+# Every knob's valid values: each runtime's fixed sets (its knob class's CHOICES), and the numbers.
 _VALID = {
-    "dtype": lambda v: v in DTYPES,
-    "quant": lambda v: v in QUANT_SCHEMES,
-    "fusion_level": lambda v: v in FUSION_LEVELS,
+    **{name: (lambda v, allowed=allowed: v in allowed) for r in RUNTIMES.values()
+       for name, allowed in r.knob_class.CHOICES.items()},
     "layers_per_subgraph": lambda v: v == "all" or _positive_int(v),
     "batch_size": _positive_int,
     "page_size": _positive_int,
-    "kv_policy": lambda v: v in KV_POLICIES,
     "device_power": _positive_int,
     "fallback_layers": lambda v: type(v) is int and v >= 0,  # the default space's are FALLBACK_LAYERS
     "quant_method": lambda v: any(v in methods for methods in QUANT_METHODS.values()),
-    "gguf_type": lambda v: v in GGUF_TYPES,
-    "flash_attn": lambda v: v in FLASH_ATTN,
-    "kv_type": lambda v: v in KV_TYPES,
     "n_batch": _positive_int,
     "n_ubatch": _positive_int,
     "n_ctx": lambda v: type(v) is int and v >= 0,

@@ -61,7 +61,7 @@ def _measured_under(settings: SearchSettings) -> dict:
     """What a trial's result depends on beyond its configuration: the gate's threshold and tie epsilon, and the
     workload its benchmark ran. Stored on each trial, so that a result is reused only under the same."""
     return {"min_agreement": settings.min_agreement, "tie_epsilon": settings.tie_epsilon,
-            "workload": settings.workload.to_dict()}
+            **({"accept_marginal": True} if settings.accept_marginal else {}), "workload": settings.workload.to_dict()}
 
 
 def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> optuna.trial.FrozenTrial | None:
@@ -261,7 +261,8 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
     if target is None:
         target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
-                  tie_epsilon=settings.tie_epsilon, repeats=settings.repeats, repeat_time_s=settings.repeat_time_s)
+                  tie_epsilon=settings.tie_epsilon, accept_marginal=settings.accept_marginal, repeats=settings.repeats,
+                  repeat_time_s=settings.repeat_time_s)
     patience_s = (settings.trial_timeout_s or CEILING_S) + GRACE_S + 2 * heartbeat_seconds()[1]
     # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
     # --no-guide it still does that, without ordering the trials.

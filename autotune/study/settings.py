@@ -28,6 +28,7 @@ class SearchSettings:
     workload: Workload = field(default_factory=Workload)
     min_agreement: float = 0.995
     tie_epsilon: float = 0.05
+    accept_marginal: bool = False  # marginal gate verdicts count as passes (autotune/gate/verdict.py)
     memory_budget_mb: float | None = None
     tpot_slo_ms: float | None = None
     sampler: str = "tpe"

@@ -28,7 +28,8 @@ SETTINGS_ATTR = "worker_settings"  # everything a worker needs to run this study
 
 def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, space: str, isolate: bool) -> dict:
     return {"model": settings.model, "workload": settings.workload.to_dict(), "min_agreement": settings.min_agreement,
-            "tie_epsilon": settings.tie_epsilon, "memory_budget_mb": settings.memory_budget_mb,
+            "tie_epsilon": settings.tie_epsilon, "accept_marginal": settings.accept_marginal,
+            "memory_budget_mb": settings.memory_budget_mb,
             "tpot_slo_ms": settings.tpot_slo_ms, "sampler": settings.sampler, "seed": settings.seed,
             "trial_timeout_s": settings.trial_timeout_s, "repeats": settings.repeats,
             "repeat_time_s": settings.repeat_time_s, "timeout_s": settings.timeout_s, "deadline": settings.deadline,
@@ -41,7 +42,7 @@ def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[S
     if not saved or "target_trials" not in study.user_attrs:
         raise UserInputError(f"study {study.study_name!r} was not started by `autotune search` (no {SETTINGS_ATTR}"
                              " attribute): start it with autotune search, then add workers")
-    keys = ("model", "min_agreement", "tie_epsilon", "memory_budget_mb", "tpot_slo_ms", "sampler",
+    keys = ("model", "min_agreement", "tie_epsilon", "accept_marginal", "memory_budget_mb", "tpot_slo_ms", "sampler",
             "trial_timeout_s", "repeats", "trial_memory_mb", "repeat_time_s", "timeout_s", "deadline", "patience")
     # Workers with one seed would suggest the same configurations: local workers get seed + index, others none.
     seed = saved["seed"] + seed_offset if saved.get("seed") is not None and seed_offset is not None else None

@@ -12,9 +12,7 @@ from autotune.trial.run import run_job
 
 
 def _run_on_device(envelope: Envelope) -> JobResult:
-    # The CPU path of the engine predates the Device interface and does not go through one.
-    device = None if envelope.device == "cpu" else get_device(envelope.device)
-    return run_job(envelope.job, device, checkpoint_writer(Path(sys.argv[2])))
+    return run_job(envelope.job, get_device(envelope.device), checkpoint_writer(Path(sys.argv[2])))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ class Job:
     threads: int = 0
     min_agreement: float = 0.995
     tie_epsilon: float = 0.05
+    # A build the decode check leaves undecided at its cap (marginal) counts as a pass: `search --accept-marginal`.
+    accept_marginal: bool = False
     eval_positions: int = EVAL_POSITIONS
     repeats: int = 3  # at most this many timed runs of the whole workload (benchmark/policy.py)
     repeat_time_s: float = 60.0  # no timed run starts that would take the timed runs past this

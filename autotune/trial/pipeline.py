@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from autotune.gate.cache import store_gate
+from autotune.gate.result import verdict_word
 from autotune.progress import log
 from autotune.trial.gate_key import trial_gate_key
 from autotune.trial.job import Job, JobResult, Status
@@ -54,7 +55,7 @@ def gate_line(gate: dict) -> str:
     if gate.get("decode_agreement") is not None:
         line += (f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions of "
                  f"{gate['decode_prompts']} prompts, {gate['decode_verdict']}")
-    return f"{line} ({'pass' if gate['passed'] else 'FAIL'})"
+    return f"{line} ({verdict_word(gate)})"
 
 
 def run_trial(job: Job, stages: TrialStages, checkpoint: Checkpoint) -> JobResult:
@@ -75,6 +76,9 @@ def run_trial(job: Job, stages: TrialStages, checkpoint: Checkpoint) -> JobResul
         result.gate, result.gate_cached = gate, cached
         checkpoint({"gate": gate, "gate_cached": cached, "timing": timing, "build_s": result.build_s})
         log(f"  gate: {gate_line(gate)}")
+        if gate.get("marginal") and job.accept_marginal:
+            gate["passed"] = gate["accepted_marginal"] = True  # the study's front and the recipe read it so
+            log("  gate: marginal, accepted (--accept-marginal)")
         if not gate["passed"]:
             result.status = Status.GATED
         else:

@@ -1,5 +1,5 @@
 """One job in this process: a trial (build the configuration, pass the gate, benchmark), the reference, or the
-speed baseline. The device it builds on is given by the caller (autotune/trial/child.py); None is the CPU path."""
+speed baseline. The device it builds on is given by the caller (autotune/trial/__main__.py): the CPU is one too."""
 from __future__ import annotations
 
 import platform
@@ -14,7 +14,7 @@ from autotune.benchmark.policy import policy_for
 from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
-from autotune.engine import Engine, build_engine
+from autotune.engine import Engine
 from autotune.engine.calibrated import QuantPlan
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
@@ -43,7 +43,7 @@ def _versions() -> dict:
     return out
 
 
-def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+def _reference(job: Job, spec: ModelSpec, tokenizer, device: Device, base_rss: int,
                checkpoint: Checkpoint) -> JobResult:
     cached_reference(model_checksum(spec), tokenizer, job.eval_positions, lambda: load_hf_model(spec, "float32"))
     return JobResult(Status.OK, path=str(reference_path(model_checksum(spec), eval_set_digest(job.eval_positions))))
@@ -56,15 +56,15 @@ def quant_record(plan: QuantPlan | None, engine: Engine) -> dict:
 
 
 class _EngineStages:
-    """The engine's trial stages (trial/pipeline.py): build on `device` (None: the CPU path), the gate against the
+    """The engine's trial stages (trial/pipeline.py): build on `device`, the gate against the
     fp32 reference through the engine, the benchmark of its runner."""
 
     versions = None  # torch's stack: gate/cache.numerics_versions
 
-    def __init__(self, job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int) -> None:
+    def __init__(self, job: Job, spec: ModelSpec, tokenizer, device: Device, base_rss: int) -> None:
         self.job, self.spec, self.tokenizer, self.base_rss = job, spec, tokenizer, base_rss
         self.torch_device = device
-        self.device = device.name if device is not None else "cpu"
+        self.device = device.name
         self.config = DeployConfig.from_dict(job.config)
         self.workload = Workload(**job.workload)
         self.checksum = model_checksum(spec)
@@ -76,7 +76,7 @@ class _EngineStages:
         # Calibration, sensitivity: cached after the first trial. A recipe's own kept layers where it is re-measured.
         plan = quant_plan(hf, self.spec, self.tokenizer, self.config,
                           tuple(self.job.keep) if self.job.keep is not None else None)
-        self.engine = build_engine(hf, self.config, device=self.torch_device, plan=plan)
+        self.engine = self.torch_device.build(hf, self.config, plan=plan)
         del hf
         return JobResult(Status.OK, build_s=self.engine.build_seconds, quant=quant_record(plan, self.engine))
 
@@ -114,7 +114,7 @@ class _EngineStages:
         self.engine = None
 
 
-def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device, base_rss: int,
            checkpoint: Checkpoint) -> JobResult:
     return run_trial(job, _EngineStages(job, spec, tokenizer, device, base_rss), checkpoint)
 
@@ -122,13 +122,11 @@ def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss
 _SHORT = {torch_name: name for name, torch_name in TORCH_DTYPE_NAMES.items()}
 
 
-def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device | None, base_rss: int,
+def _hf_baseline(job: Job, spec: ModelSpec, tokenizer, device: Device, base_rss: int,
                  checkpoint: Checkpoint) -> JobResult:
     workload = Workload(**job.workload)
     torch_name = auto_dtype(spec) if job.baseline_dtype == "auto" else TORCH_DTYPE_NAMES[job.baseline_dtype]
-    hf = load_hf_model(spec, torch_name)
-    if device is not None:
-        hf = hf.to(device.torch_device)
+    hf = load_hf_model(spec, torch_name).to(device.torch_device)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -167,8 +165,8 @@ def _no_checkpoint(partial: dict) -> None:
     return None
 
 
-def run_job(job: Job, device: Device | None = None, checkpoint: Checkpoint = _no_checkpoint) -> JobResult:
-    """Run a job in this process, on `device` (None: the CPU path of the engine). Expected failures
+def run_job(job: Job, device: Device, checkpoint: Checkpoint = _no_checkpoint) -> JobResult:
+    """Run a job in this process, on `device` (autotune/devices/). Expected failures
     (AutotuneError) come back as an ERROR result with the reason; anything else propagates to the caller.
     `checkpoint` is handed what the job has found before it is done (a trial's gate figures)."""
     if job.threads:
