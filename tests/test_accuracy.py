@@ -23,14 +23,16 @@ def test_full_precision_engine_agrees_with_the_reference(tiny_llama):
     engine = build_engine(tiny_llama, DeployConfig(batch_size=2, dtype="fp32"))
     gate = evaluate_gate(engine, ref, windows, prompts)
     assert gate.positions == 3 * 63
-    assert gate.tie_aware_agreement == 1.0 and gate.raw_agreement == 1.0 and gate.passed
+    assert gate.tie_aware_agreement == 1.0 and gate.raw_agreement == 1.0 and gate.windows_passed
     assert abs(gate.perplexity - gate.reference_perplexity) < 1e-3 * gate.reference_perplexity
     assert gate.kl_divergence < 1e-6
     assert gate.decode_agreement == 1.0 and gate.decode_raw_agreement == 1.0 and gate.decode_first_miss is None
-    # Every decode step of both prompts (the first continuation token is the prefill's: not scored); too few
-    # positions for an interval above 0.995, so the verdict is the point estimate's, and says so.
-    assert gate.decode_positions == 2 * 24 and gate.decode_passed and not gate.decode_decided
-    assert "point estimate" in gate.decode_verdict
+    # Every decode step of both prompts (the first continuation token is the prefill's: not scored). 48 positions
+    # cannot tell 0.997 from 0.994, so against 0.995 the build is marginal, not a pass, however perfect; against
+    # 0.9 the same 48 decide a pass.
+    assert gate.decode_positions == 2 * 24 and not gate.decode_passed and not gate.decode_decided
+    assert gate.marginal and not gate.passed and "marginal" in gate.decode_verdict
+    assert evaluate_gate(engine, ref, windows, prompts, min_agreement=0.9).passed
 
 
 def test_damaged_numerics_fail_the_gate(tiny_llama):

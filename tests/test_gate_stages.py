@@ -30,7 +30,9 @@ def _damaged(engine) -> None:
 def test_a_gate_that_cannot_pass_stops_early_and_a_pass_sees_every_position(tiny_llama):
     windows, prompts = _text(tiny_llama.config.vocab_size)
     ref = compute_reference(tiny_llama, windows, prompts, new_tokens=13)
-    exact = evaluate_gate(build_engine(tiny_llama, DeployConfig(dtype="fp32")), ref, windows, prompts)
+    # 0.8: 24 agreeing decode positions decide a pass there (at 0.995 they would leave it marginal).
+    exact = evaluate_gate(build_engine(tiny_llama, DeployConfig(dtype="fp32")), ref, windows, prompts,
+                          min_agreement=0.8)
     assert exact.passed and not exact.stopped_early and exact.positions == 6 * 63
     assert exact.decode_agreement == 1.0 and exact.decode_raw_agreement == 1.0 and exact.decode_positions == 2 * 12
     damaged = build_engine(tiny_llama, DeployConfig(dtype="fp32"))

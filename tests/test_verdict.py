@@ -14,7 +14,7 @@ from autotune.engine import build_engine
 from autotune.gate.decode import decode_check
 from autotune.gate.reference import compute_reference
 from autotune.gate.result import GateResult
-from autotune.gate.verdict import evidence, interval, judge
+from autotune.gate.verdict import design_effect, evidence, interval, judge
 
 
 def test_the_interval_is_clopper_pearson():
@@ -41,6 +41,37 @@ def test_the_sequential_test_decides_at_its_bounds_and_leaves_the_rest_marginal(
     assert evidence(1536, 1536, 0.995) == pytest.approx(1536 * math.log(0.997 / 0.994))
     assert evidence(1535, 1536, 0.995) - evidence(1536, 1536, 0.995) == pytest.approx(
         math.log(0.5) - math.log(0.997 / 0.994))
+
+
+def test_the_prompt_is_the_unit_misses_that_cluster_in_one_prompt_weigh_less():
+    """Four misses in four prompts are four events; four in one prompt are nearer one: the design effect is the
+    per-prompt variance over the binomial's, so the same totals give weaker evidence and a wider interval."""
+    spread = [1, 1, 1, 1] + [0] * 44
+    clumped = [4] + [0] * 47
+    assert float(design_effect(spread, 32)) == 1.0  # as even as independent positions (clamped at 1)
+    effect = float(design_effect(clumped, 32))
+    mean, rate = 4 / 48, 4 / 1536
+    variance = ((4 - mean) ** 2 + 47 * mean ** 2) / 47
+    assert effect == pytest.approx(variance / (32 * rate * (1 - rate))) and effect == pytest.approx(4.01, abs=0.01)
+    assert float(design_effect([32, 0, 0, 0], 32)) == 32  # all or nothing: one prompt is one event
+    assert float(design_effect([0] * 48, 32)) == 1.0 and float(design_effect([3], 32)) == 1.0
+    # The same 4 misses of 1,536: spread over prompts, undecided (the sample grows); clumped, the effective
+    # sample is a third as large and the interval is wider.
+    assert judge(1532, 1536, 0.995, cap_positions=6144, effect=1.0) is None
+    clumped_verdict = judge(1532, 1536, 0.995, cap_positions=1536, effect=effect)
+    low, high = clumped_verdict.low, clumped_verdict.high
+    assert clumped_verdict.marginal and "design effect 4.01" in clumped_verdict.reason
+    assert (low, high) == pytest.approx(interval(1532 / effect, 1536 / effect))
+    assert low < interval(1532, 1536)[0]
+    assert evidence(1532, 1536, 0.995, effect) == pytest.approx(evidence(1532, 1536, 0.995) / effect)
+
+
+def test_a_loose_threshold_is_decided_by_what_a_small_sample_can_show():
+    """Below 1 - 1/1.2 the fail point's miss rate would pass 1: it is held below, and one agreeing position then
+    decides a pass; a threshold of 1 can never be exceeded."""
+    assert judge(1, 1, 0.0, cap_positions=48).passed
+    assert judge(48, 48, 0.9, cap_positions=48).passed  # 48 of 48: ln(0.94/0.88) each, past ln(16)
+    assert not judge(48, 48, 1.0, cap_positions=48).passed
 
 
 def test_a_gate_without_a_decode_result_never_passes():

@@ -9,7 +9,7 @@ import torch
 from autotune.engine import Engine, Request
 from autotune.gate.design import DECODE_STAGE_PROMPTS
 from autotune.gate.reference import Reference, agreeing
-from autotune.gate.verdict import judge
+from autotune.gate.verdict import design_effect, judge
 
 __all__ = ["decode_check", "staged_decode"]
 
@@ -24,8 +24,8 @@ def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]],
     scored.
 
     Staged: `stage` prompts at a time, as a batch of the configuration's size (prompts repeated where the batch is
-    larger), over its page size, as in the benchmark; after each stage the verdict is judged with its interval
-    (autotune/gate/verdict.py), and a straddling one gets the next stage, until all of `prompts` (the cap)."""
+    larger), over its page size, as in the benchmark; after each stage the verdict is judged on the prompts scored so far
+    (autotune/gate/verdict.py), and an undecided one gets the next stage, until all of `prompts` (the cap)."""
     prompts = prompts[:len(reference.decode_tokens)]
     new = reference.decode_top_ids.shape[1]
     batch = engine.config.batch_size
@@ -51,6 +51,7 @@ def staged_decode(num_prompts: int, reference: Reference, tie_epsilon: float, mi
     cap = scored * num_prompts
     raw = tie = positions = used = 0
     first_miss: int | None = None
+    prompt_misses: list[int] = []  # the prompt is the independent unit (autotune/gate/verdict.py)
     while True:
         chunk = list(range(used, min(used + stage, num_prompts)))
         for i, ids in zip(chunk, greedy_ids(chunk)):
@@ -59,14 +60,16 @@ def staged_decode(num_prompts: int, reference: Reference, tie_epsilon: float, mi
             raw += int(same.sum())
             tie += int(agree.sum())
             misses = (~agree).nonzero()
+            prompt_misses.append(len(misses))
             if len(misses):
                 first_miss = min(int(misses[0]) + 1, first_miss if first_miss is not None else new)
         used += len(chunk)
         positions += scored * len(chunk)
-        verdict = judge(tie, positions, min_agreement, cap_positions=cap)
+        effect = float(design_effect(prompt_misses, scored))
+        verdict = judge(tie, positions, min_agreement, cap_positions=cap, effect=effect)
         if verdict is not None:
             break
     return {"decode_agreement": tie / positions, "decode_raw_agreement": raw / positions,
             "decode_positions": positions, "decode_prompts": used, "decode_interval": [verdict.low, verdict.high],
             "decode_passed": verdict.passed, "decode_decided": verdict.decided, "decode_verdict": verdict.reason,
-            "decode_first_miss": first_miss}
+            "decode_first_miss": first_miss, "decode_design_effect": round(effect, 4)}

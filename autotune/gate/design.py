@@ -4,7 +4,8 @@ can never serve a stale answer.
 
 The decode check's sizes and rule: a correct build must pass with a margin, and a verdict must mean something. With
 prompts of 48 tokens and 32 scored decode steps each, one stage of 48 prompts is 1,536 positions, up to 192 prompts
-(6,144 positions). After each stage, Wald's sequential probability ratio test weighs a build at the fail point (it
+(6,144 positions). After each stage, Wald's sequential probability ratio test, on counts divided by the prompts'
+design effect (the prompt is the independent unit: autotune/gate/verdict.py), weighs a build at the fail point (it
 misses DECODE_FAIL_MISS_RATIO times as often as the threshold allows: true agreement 0.994 at 0.995) against one at
 the pass point (DECODE_PASS_MISS_RATIO times: 0.997), with error rates DECODE_ALPHA (a build at the fail point
 passes) and DECODE_BETA (one at the pass point does not). Undecided at the cap is "marginal": not a pass unless the
@@ -32,7 +33,7 @@ DECODE_PASS_MISS_RATIO = 0.6
 DECODE_ALPHA = 0.05
 DECODE_BETA = 0.2
 # Bump when what a gate computes changes in a way the figures above do not say (how positions are scored).
-GATE_VERSION = "3"
+GATE_VERSION = "4"  # 4: the decode verdict is the sequential test on the prompts' effective counts
 # Bump when the reference's content changes in a way the figures above do not say (what is stored).
 REFERENCE_VERSION = "3"
 

@@ -46,6 +46,7 @@ class GateResult:
     decode_decided: bool | None = None
     decode_verdict: str | None = None
     decode_first_miss: int | None = None  # first continuation token where a decided choice was lost
+    decode_design_effect: float | None = None  # how far the prompts' misses cluster (autotune/gate/verdict.py)
     stopped_early: bool = False
     version: str = GATE_VERSION
 
