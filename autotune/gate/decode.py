@@ -24,8 +24,8 @@ def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]],
     scored.
 
     Staged: `stage` prompts at a time, as a batch of the configuration's size (prompts repeated where the batch is
-    larger), over its page size, as in the benchmark; after each stage the verdict is judged on the prompts scored so far
-    (autotune/gate/verdict.py), and an undecided one gets the next stage, until all of `prompts` (the cap)."""
+    larger), over its page size, as in the benchmark; after each stage the verdict is judged on the prompts scored
+    so far (autotune/gate/verdict.py), and an undecided one gets the next stage, until all of `prompts` (the cap)."""
     prompts = prompts[:len(reference.decode_tokens)]
     new = reference.decode_top_ids.shape[1]
     batch = engine.config.batch_size

@@ -26,7 +26,8 @@ class GateResult:
     without a decode result never passes. Each agreement comes with its 95% interval; the decode check's verdict
     is the sequential test's (autotune/gate/verdict.py), and a build it leaves undecided at the cap is marginal
     (`decode_decided` False, `decode_passed` False), which `decode_verdict` says. `stopped_early`: the windows
-    already held more misses than a pass allows, so the rest was not run. `version`: the gate that measured these (autotune/gate/design.py)."""
+    already held more misses than a pass allows, so the rest was not run. `version`: the gate that measured these
+    (autotune/gate/design.py)."""
 
     tie_aware_agreement: float
     raw_agreement: float
