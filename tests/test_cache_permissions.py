@@ -78,7 +78,7 @@ def test_an_o2_server_under_a_group_writable_cache_refuses_to_start(tmp_path, mo
 
 
 def test_trials_refuse_a_writable_kernel_cache(tmp_path, monkeypatch):
-    from autotune.trial.compiler_cache import compiler_cache_env
+    from autotune.engine.compiler_cache import compiler_cache_env
 
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
     env = compiler_cache_env()

@@ -1,7 +1,7 @@
 """O2 on the CPU from AOTInductor packages (autotune/engine/packaged.py): a first build compiles and saves each graph,
 a second build from the same folder loads them all, compiles nothing and gives the same greedy tokens, and those are
 torch.compile's at O2 too. A corrupt package is compiled again with the reason in the log; a folder made under
-another key is emptied (autotune/serve/startup_cache.py)."""
+another key is emptied (autotune/engine/startup_cache.py)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from conftest import make_tiny_llama
 from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
 from autotune.engine.packaged import digests_path
-from autotune.serve.startup_cache import META, PACKAGES, StartupCache
+from autotune.engine.startup_cache import META, PACKAGES, StartupCache
 
 # One segment, a batch of 1: three graphs (the prefill of one prompt, the decode of one row, the head), each an
 # AOTInductor compile of about 10 s on two cores.

@@ -17,8 +17,10 @@ from recipe_factory import tiny_recipe
 
 from autotune.gate import cache as gate_cache
 from autotune.recipes.recipe import load_recipe
-from autotune.serve import startup_cache
-from autotune.serve.startup_cache import ARTIFACTS, META, StartupCache, startup_key
+from autotune.serve import startup_key as key_module
+from autotune.engine.startup_cache import ARTIFACTS, META, StartupCache
+from autotune.serve.startup_key import startup_cache as recipe_startup_cache
+from autotune.serve.startup_key import startup_key
 
 TESTS = Path(__file__).resolve().parent
 
@@ -28,7 +30,7 @@ START = """
 import json, sys
 from pathlib import Path
 from recipe_factory import Served
-from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
+from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 served = Served(Path(sys.argv[1]))
 status, body = served.post("/generate", {"prompt": "The quick brown fox", "max_new_tokens": 8, "temperature": 0})
 print(json.dumps({"status": status, "tokens": body.get("token_ids"), "counts": compiler_cache_counts(),
@@ -85,7 +87,7 @@ def _bundle(folder: Path, key: dict[str, str], data: bytes = b"not torch's forma
 @pytest.fixture
 def cache(o1_recipe, tmp_path, monkeypatch) -> StartupCache:
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
-    return StartupCache.for_recipe(load_recipe(o1_recipe), "cpu")
+    return recipe_startup_cache(load_recipe(o1_recipe), "cpu")
 
 
 @pytest.mark.parametrize("field, value", [("torch", "2.0.0"), ("recipe", "sha256:0123")])
@@ -97,14 +99,14 @@ def test_a_bundle_made_under_another_key_is_ignored_with_the_reason(cache, capsy
 
 
 _CHANGES = {
-    "weights": lambda m: m.setattr(startup_cache, "model_checksum", lambda spec: "sha256:other weights"),
-    "versions": lambda m: m.setattr(startup_cache, "numerics_versions",
+    "weights": lambda m: m.setattr(key_module, "model_checksum", lambda spec: "sha256:other weights"),
+    "versions": lambda m: m.setattr(key_module, "numerics_versions",
                                     lambda: {**gate_cache.numerics_versions(), "transformers": "0.0"}),
-    "torchao": lambda m: m.setattr(startup_cache, "numerics_versions",
+    "torchao": lambda m: m.setattr(key_module, "numerics_versions",
                                    lambda: {**gate_cache.numerics_versions(), "torchao": "0.0"}),
     "host": lambda m: m.setenv("ONEDNN_MAX_CPU_ISA", "SSE41"),
     "cpu model": lambda m: m.setattr(gate_cache, "cpu_model", lambda: "another CPU"),
-    "engine": lambda m: m.setattr(startup_cache, "code_hash", lambda: "another build code"),
+    "engine": lambda m: m.setattr(key_module, "code_hash", lambda: "another build code"),
 }
 _FIELD = {"torchao": "versions", "cpu model": "host"}
 
@@ -115,10 +117,10 @@ def test_each_input_of_the_start_up_key_misses_a_bundle_made_without_it(o1_recip
     """The weights (frozen into O2's packages), the libraries, the CPU's rounding facts and the build code: a
     bundle saved before any of them changed is not loaded after, and the log names what changed."""
     monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path))
-    before = StartupCache.for_recipe(load_recipe(o1_recipe), "cpu")
+    before = recipe_startup_cache(load_recipe(o1_recipe), "cpu")
     _bundle(before.folder, before.key)
     _CHANGES[change](monkeypatch)
-    after = StartupCache.for_recipe(load_recipe(o1_recipe), "cpu")
+    after = recipe_startup_cache(load_recipe(o1_recipe), "cpu")
     field = _FIELD.get(change, change)
     assert after.folder == before.folder and after.key[field] != before.key[field]
     assert after.load() is False

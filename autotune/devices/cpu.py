@@ -1,19 +1,36 @@
 """This machine's CPU as a Device: the one path trials, `verify` and `serve` take on the CPU."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
 from autotune.benchmark.meter import HostMeter
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak
 from autotune.devices.base import CompileOptions, Device
 from autotune.engine.build import COMPILE_MODES, build_engine
 from autotune.engine.quant import QUANTIZERS
+from autotune.paths import cache_root, private_dir
 
-__all__ = ["CpuDevice"]
+__all__ = ["CpuDevice", "scratch_packages"]
+
+
+def scratch_packages() -> Path:
+    """A private folder of its own for one build's O2 packages, where nothing keeps them (a trial, `verify`)."""
+    return Path(tempfile.mkdtemp(prefix="o2-", dir=private_dir(cache_root() / "scratch")))
 
 
 class CpuDevice(HostMeter, Device):
     """Memory is the process's RSS high-water mark (autotune/benchmark/meter.py HostMeter); compile modes are
     engine/build.py's COMPILE_MODES, quantizers engine/quant.py's QUANTIZERS; the build is engine/build.py's
-    build_engine, with its prepacking, spilling and AOTInductor packages."""
+    build_engine, with its prepacking, spilling and AOTInductor packages.
+
+    O2 is always built as AOTInductor packages (engine/packaged.py), in trials and `verify` too, not only where
+    `serve` keeps them: the program that the gate and the benchmark judged is then the kind of program that is
+    served (the same export, the same inductor settings, native code loaded the same way), not a torch.compile of
+    the same graphs. Where the caller keeps no folder, the packages live in a scratch folder removed with the
+    engine."""
 
     name = "cpu"
     torch_device = "cpu"
@@ -32,4 +49,10 @@ class CpuDevice(HostMeter, Device):
         return QUANTIZERS[scheme]()
 
     def build(self, hf_model, config, plan=None, packages=None):
-        return build_engine(hf_model, config, plan=plan, packages=packages)
+        scratch = packages is None and COMPILE_MODES[config.fusion_level] == "freezing"
+        if scratch:
+            packages = scratch_packages()
+        engine = build_engine(hf_model, config, plan=plan, packages=packages)
+        if scratch:
+            weakref.finalize(engine, shutil.rmtree, packages, True)
+        return engine

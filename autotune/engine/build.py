@@ -31,8 +31,9 @@ class Engine:
 
     def __init__(self, model: EngineModel, config: DeployConfig, build_seconds: float,
                  quantization: dict | None = None, spilled: SpilledParameters | None = None,
-                 packaged: PackagedGraphs | None = None) -> None:
+                 packaged: PackagedGraphs | None = None, compiler: str = "inductor") -> None:
         self.model, self.config, self.build_seconds = model, config, build_seconds
+        self.compiler = compiler  # what compiled the graphs: inductor, or the device's own (torchair)
         # What the quantize step did: decoder linear layers, how many were converted, which were kept.
         self.quantization = quantization or {}
         # O2 on the CPU: the eager weights, out of memory once frozen into the graphs (engine/spill.py).
@@ -43,6 +44,17 @@ class Engine:
     @property
     def compiled(self) -> bool:
         return COMPILE_MODES[self.config.fusion_level] is not None
+
+    @property
+    def build_record(self) -> dict:
+        """How this engine runs, as trials and recipes record it, so that `verify` and `serve` can check that they
+        built the same: the compiled artifact (eager; a graph compiled in the process by `torch.compile:<compiler>`;
+        or AOTInductor packages loaded as native code), whether the fp32 linears were prepacked for oneDNN, and
+        whether the eager weights were spilled once frozen into the graphs."""
+        artifact = ("eager" if not self.compiled else "aoti-package" if self.packaged is not None
+                    else f"torch.compile:{self.compiler}")
+        return {"artifact": artifact, "prepacked": bool(self.quantization.get("prepacked")),
+                "spilled": self.spilled is not None}
 
     def enter_thread(self) -> None:
         """Call first in a thread other than the builder's that runs this engine (the serving loop): dynamo's and
@@ -98,14 +110,16 @@ def build_on_device(hf_model: nn.Module, config: DeployConfig, device, plan: Qua
         device.torch_device)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, device.quantizer(config.quant),
                                config.fallback_layers)
-    if device.compile_options(config.fusion_level) is not None:
+    options = device.compile_options(config.fusion_level)
+    if options is not None:
         _compile_settings(model, config, None)
         for segment in model.segments:
             segment.prefill = device.compile(segment.prefill, config.fusion_level)
             segment.decode = device.compile(segment.decode, config.fusion_level)
         model.logits = device.compile(model.logits, config.fusion_level)
     device.synchronize()
-    return Engine(model, config, time.perf_counter() - started, coverage)
+    return Engine(model, config, time.perf_counter() - started, coverage,
+                  compiler=options.backend if options is not None else "inductor")
 
 
 def build_engine(hf_model: nn.Module, config: DeployConfig, plan: QuantPlan | None = None,
@@ -116,7 +130,8 @@ def build_engine(hf_model: nn.Module, config: DeployConfig, plan: QuantPlan | No
     (autotune/quant: quant_plan); None for round-to-nearest without fallback. A scheme that converts fewer layers
     than it claims fails (TrialFailure).
     `packages`: a folder for O2's graphs on the CPU as AOTInductor packages (engine/packaged.py), which a later
-    build with the same folder loads instead of compiling; None compiles with torch.compile, as trials do."""
+    build with the same folder loads instead of compiling; None compiles them with torch.compile (the CPU's
+    Device always passes one: autotune/devices/cpu.py)."""
     started = time.perf_counter()
     model = EngineModel(hf_model, TORCH_DTYPES[config.dtype], config.layers_per_subgraph or None)
     coverage = quantize_layers(model, config.quant, config.quant_method, plan, fallback_layers=config.fallback_layers)

@@ -17,7 +17,34 @@ from autotune.models.architectures import (
     windowed_layers,
 )
 
-__all__ = ["EngineModel", "Segment", "rope_tables"]
+__all__ = ["EngineModel", "Segment", "rope_tables", "DYNAMIC_DIMS", "mark_dynamic"]
+
+# The dimensions of each entry's inputs that change from call to call, by input name; every other dimension is
+# static. Dynamo is told here (mark_dynamic: one graph for all their sizes, not one per size), and O2's packages
+# export these and only these as dynamic (engine/packaged.py). Pools [kv_heads, pages, page_size, head_dim] grow by
+# pages (on_demand). Prefill: prompts and their length. A prompt chunk: its length, its pages and the context (mask
+# [seqs, 1, chunk, context]). Decode, where its width varies (serving: `dynamic_context`): the pages its rows use
+# (block table [batch, pages], masks [1, batch, 1, context]); its batch is static, one graph per batch bucket.
+# Head: the rows.
+_POOLS = {"k_pools": (1,), "v_pools": (1,)}
+DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "prefill": {"x": (0, 1), "cos": (0, 1), "sin": (0, 1), "slots": (0, 1), "window_mask": (0, 1),
+                "causal_mask": (0, 1), "local_cos": (0, 1), "local_sin": (0, 1), **_POOLS},
+    "chunk": {"x": (1,), "cos": (1,), "sin": (1,), "slots": (1,), "block_table": (1,), "context_mask": (2, 3),
+              "window_mask": (2, 3), "local_cos": (1,), "local_sin": (1,), **_POOLS},
+    "decode": {"block_table": (1,), "context_mask": (3,), "window_mask": (3,), **_POOLS},
+    "head": {"x": (0,)},
+    "pools": _POOLS,  # every entry's
+}
+
+
+def mark_dynamic(kind: str, inputs: dict[str, torch.Tensor]) -> None:
+    """Tell dynamo which dimensions of an entry's inputs vary (DYNAMIC_DIMS[kind]); a size of 0 or 1 it still
+    specialises."""
+    dims = DYNAMIC_DIMS[kind]
+    for name, tensor in inputs.items():
+        for dim in dims.get(name, ()):
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 def rope_tables(cfg, layer_type: str | None, head_dim: int, length: int,
@@ -214,9 +241,9 @@ class EngineModel(nn.Module):
         return x if self.embed_scale is None else x * self.embed_scale
 
     def _layers(self, x: torch.Tensor, step: StepInputs, cache: PagedKVCache) -> torch.Tensor:
-        for pool in (*cache.k_pools, *cache.v_pools):
-            # on_demand pools grow: one graph for every pool size rather than one per growth.
-            torch._dynamo.maybe_mark_dynamic(pool, 1)
+        for name, pools in (("k_pools", cache.k_pools), ("v_pools", cache.v_pools)):
+            for pool in pools:  # on_demand pools grow: one graph for every pool size rather than one per growth
+                mark_dynamic("pools", {name: pool})
         for seg in self.segments:
             end = seg.first_layer + len(seg.layers)
             run = seg.prefill if step.prefill else seg.decode
@@ -235,7 +262,7 @@ class EngineModel(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, hidden]. Every caller (the gate's windows, prefill's last positions, decode) passes rows of one
         rank with their count marked dynamic, so that a compiled head is one graph for all of them."""
-        torch._dynamo.maybe_mark_dynamic(x, 0)
+        mark_dynamic("head", {"x": x})
         return self.logits(x)
 
     @torch.inference_mode()
@@ -252,10 +279,7 @@ class EngineModel(nn.Module):
         cos, sin = self._rope(positions)
         x = self._embed(token_ids)
         extras = self._step_extras(positions, prefill=True)
-        for t in (x, cos, sin, slots, *extras.values()):
-            # Prompt count and length vary: one graph for all of them, not one per shape.
-            torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(t, 1)
+        mark_dynamic("prefill", {"x": x, "cos": cos, "sin": sin, "slots": slots, **extras})
         x = self._layers(x, StepInputs(prefill=True, cos=cos, sin=sin, slots=slots, **extras), self._cache)
         if not all_logits:
             return self._head(x[torch.arange(x.shape[0], device=device), lengths - 1])
@@ -284,8 +308,8 @@ class EngineModel(nn.Module):
         if self.sliding_window is not None:
             extras["window_mask"] = mask & (positions[:, :, None] - key_pos < self.sliding_window).unsqueeze(1)
         x = self._embed(token_ids)
-        for t in (x, cos, sin, slots, block_table):
-            torch._dynamo.maybe_mark_dynamic(t, 1)  # chunk length, pages: one graph for all of them
+        mark_dynamic("chunk", {"x": x, "cos": cos, "sin": sin, "slots": slots, "block_table": block_table,
+                               "context_mask": mask, **extras})
         step = StepInputs(prefill=True, cos=cos, sin=sin, slots=slots, block_table=block_table, context_mask=mask,
                           **extras)
         return self._head(self._layers(x, step, self._cache)[:, -1])
@@ -306,11 +330,11 @@ class EngineModel(nn.Module):
         for t in (x, cos, sin, slots, block_table):
             torch._dynamo.mark_static(t, 0)
         torch._dynamo.mark_static(context_mask, 1)
+        extras = self._step_extras(positions, False, context_mask)
         if dynamic_context:
-            torch._dynamo.maybe_mark_dynamic(block_table, 1)
-            torch._dynamo.maybe_mark_dynamic(context_mask, 3)
+            mark_dynamic("decode", {"block_table": block_table, "context_mask": context_mask, **extras})
         step = StepInputs(prefill=False, cos=cos, sin=sin, slots=slots, block_table=block_table,
-                          context_mask=context_mask, **self._step_extras(positions, False, context_mask))
+                          context_mask=context_mask, **extras)
         return self._head(self._layers(x, step, self._cache))
 
     def attach(self, cache: PagedKVCache) -> None:

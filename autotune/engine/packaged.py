@@ -5,9 +5,9 @@ weights prepacked for oneDNN ("mkldnn tensors unpickleable"; O2 on the CPU prepa
 autograd's cache refuses freezing. AOTInductor compiles the same graph ahead of time, with the same inductor
 freezing, into a .pt2 package that holds the kernels, the C++ wrapper and the frozen (prepacked) constants; loading
 one takes milliseconds. Each segment entry (prefill, prompt chunk, decode at each batch bucket) and the head is
-exported on first use with the dimensions that dynamo would treat as dynamic marked so (the rest static, as
-dynamo's graphs are), compiled, written to the folder and loaded; a later start that meets the same inputs
-(structure, dtypes, static sizes) loads the package. A package that is corrupt or cannot be loaded is compiled
+exported on first use with the dimensions that the model's own table marks dynamic for dynamo (engine/model.py
+DYNAMIC_DIMS) marked so, the rest static, as dynamo's graphs are, compiled, written to the folder and loaded; a
+later start that meets the same inputs (structure, dtypes, static sizes) loads the package. A package that is corrupt or cannot be loaded is compiled
 again, with the reason in the log.
 
 A package is native code loaded into the server. It is loaded only from a private folder (paths.py `untrusted`),
@@ -30,7 +30,7 @@ from torch.export import Dim
 from torch.utils import _pytree as pytree
 
 from autotune.engine.layers import StepInputs
-from autotune.engine.model import EngineModel, Segment
+from autotune.engine.model import DYNAMIC_DIMS, EngineModel, Segment
 from autotune.errors import UserInputError
 from autotune.paths import private_dir, untrusted, write_atomic
 from autotune.progress import log
@@ -43,22 +43,6 @@ __all__ = ["PackagedGraphs", "package_graphs", "digests_path"]
 # constant pages mapped beside the copies it runs on, so a served O2 process's RSS is above its trial's, by clean
 # file-backed pages that the kernel may reclaim.
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
-
-# Dimensions dynamo treats as dynamic (engine/model.py marks them), by entry and input; the rest stay static.
-# Pools [kv_heads, pages, page_size, head_dim] grow by pages (on_demand). Prefill: prompts and their length.
-# A prompt chunk: its length, its pages and the context (mask [seqs, 1, chunk, context]). Decode: the pages its rows
-# use (block table [batch, pages], mask [1, batch, 1, context]; engine/runner.py _decode_pages), one graph per batch
-# bucket. Head: the rows.
-_POOLS = {"k_pools": (1,), "v_pools": (1,)}
-DYNAMIC_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
-    "prefill": {"x": (0, 1), "cos": (0, 1), "sin": (0, 1), "slots": (0, 1), "window_mask": (0, 1),
-                "causal_mask": (0, 1), "local_cos": (0, 1), "local_sin": (0, 1), **_POOLS},
-    "chunk": {"x": (1,), "cos": (1,), "sin": (1,), "slots": (1,), "block_table": (1,), "context_mask": (2, 3),
-              "window_mask": (2, 3), "local_cos": (1,), "local_sin": (1,), **_POOLS},
-    "decode": {"block_table": (1,), "context_mask": (3,), "window_mask": (3,), **_POOLS},
-    "head": {"x": (0,)},
-}
-
 
 class _SegmentStep(nn.Module):
     """One segment entry with the step's tensors as a dict, as torch.export takes them (StepInputs is no pytree)."""
@@ -95,7 +79,7 @@ def _leaf_names(args: tuple) -> list[str]:
 
 
 class PackagedGraphs:
-    """The packages of one engine in `folder` (which its owner keys: serve/startup_cache.py). `after_compile` runs
+    """The packages of one engine in `folder` (which its owner keys: engine/startup_cache.py). `after_compile` runs
     after each compile (engine/spill.py drops the eager weights' pages that it read)."""
 
     def __init__(self, folder: Path) -> None:

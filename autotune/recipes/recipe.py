@@ -80,8 +80,8 @@ class Recipe:
             out.append("it was gated before the gate checked the decode path: its gate figures are not today's gate's "
                        "(autotune verify re-gates it)")
         elif gate and gate.get("measured", True) is not False and str(gate.get("version", "2")) != GATE_VERSION:
-            out.append(f"it was gated by gate version {gate.get('version', '2')}, not today's {GATE_VERSION} (a "
-                       "smaller decode check, verdicts without intervals): autotune verify re-gates it")
+            out.append(f"it was gated by gate version {gate.get('version', '2')}, not today's {GATE_VERSION} (another "
+                       "decode check or verdict rule): autotune verify re-gates it")
         if gate.get("accepted_marginal"):
             out.append(f"its gate verdict was marginal ({gate.get('decode_verdict')}), accepted by "
                        "--accept-marginal: it may be below the threshold")
@@ -93,6 +93,17 @@ class Recipe:
             out.append("its figures come from one timed run of the workload (the time cap or a clearly dominating "
                        "front point ended the others): their spread is not known")
         return out
+
+    def build_difference(self, built: dict) -> str | None:
+        """What differs between the engine measured for this recipe (deploy.build) and `built` (Engine.build_record
+        of the one built here), in one line; None where they are the same. A recipe made before builds were
+        recorded says so: its figures may be of another artifact (O2 on the CPU was a torch.compile then)."""
+        recorded = self.data["deploy"].get("build")
+        if recorded is None:
+            return (f"this recipe does not record what its figures were measured on (made before builds were "
+                    f"recorded); here it runs as {built['artifact']}: autotune verify measures that")
+        changed = [f"{k} {recorded.get(k)!r} there, {v!r} here" for k, v in built.items() if recorded.get(k) != v]
+        return f"built otherwise than it was measured: {'; '.join(changed)}" if changed else None
 
     @property
     def kept_layers(self) -> tuple[str, ...]:
@@ -145,6 +156,9 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     }
     if recipe["quantization"] is None:
         del recipe["quantization"]
+    if trial.user_attrs.get("build"):
+        # What was gated and benchmarked: `verify` and `serve` build the same and say so where they cannot.
+        recipe["deploy"]["build"] = trial.user_attrs["build"]
     if trial.user_attrs.get("what") and recipe["configuration"].get("runtime") == "llamacpp":
         # What `autotune serve` runs for it (autotune/serve/llama_server.py), and what serves it without autotune.
         recipe["deploy"]["llama_server"] = trial.user_attrs["what"]

@@ -153,7 +153,8 @@ def _measured_recipe(recipe: Recipe, result: JobResult, backend: Backend, where:
             "threads": result.threads,
             "metrics": {"source": "measured", **{k: bench.get(k) for k in keep}, "build_s": result.build_s},
             # The baseline's figures belong to the simulated hardware, not to this machine.
-            "gate": result.gate, "baseline": None, "provenance": provenance}
+            "gate": result.gate, "baseline": None, "provenance": provenance,
+            "deploy": {**data["deploy"], **({"build": result.build} if result.build else {})}}
 
 
 def verify(args) -> int:
@@ -185,6 +186,8 @@ def verify(args) -> int:
         print("fingerprint: same hardware and software as the recipe")
     repeats = args.repeats or int(data["metrics"].get("repeats") or 3)
     result = _measure(recipe, backend, where.threads, repeats, args.timeout)
+    if result.build and (difference := recipe.build_difference(result.build)):
+        print(f"verify: {difference}")
     gate = result.gate or {}
     checks = compare(data["metrics"], result.bench, args.tolerance) if result.bench is not None else []
     _print_side_by_side(checks, data.get("gate") or {}, gate, recipe.simulated, comparable)

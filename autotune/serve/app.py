@@ -26,7 +26,7 @@ from autotune.serve.llama_server import serve_with_llama_server
 from autotune.serve.metrics import ServerMetrics
 from autotune.serve.protocol import Limits, prompt_bytes_for
 from autotune.serve.server import ServingServer
-from autotune.serve.startup_cache import StartupCache
+from autotune.serve.startup_key import startup_cache
 
 __all__ = ["build_server", "serve_forever", "placement", "engine_for"]
 
@@ -54,7 +54,7 @@ def placement(recipe: Recipe, draft: bool) -> Placement:
 def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: Path | None = None):
     """The recipe's engine as the server builds it (threads, quantization plan, fusion level), its tokenizer and the
     context it serves; the fp32 model it was built from is freed. `packages`: where O2's graphs on the CPU are kept
-    as AOTInductor packages (serve/startup_cache.py StartupCache.packages)."""
+    as AOTInductor packages (engine/startup_cache.py StartupCache.packages)."""
     spec = resolve_model(recipe.model)
     if check_weights and recipe.data["model"]["checksum"] != model_checksum(spec):
         raise UserInputError(f"the weights of {recipe.model} here ({model_checksum(spec)}) are not the ones the "
@@ -85,7 +85,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     (`server.app.engine_loop.run()`; autotune/serve/engine_loop.py says why)."""
     where = placement(recipe, draft)
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
-    startup = StartupCache.for_recipe(recipe, where.backend)  # this recipe's graphs, compiled by its last start
+    startup = startup_cache(recipe, where.backend)  # this recipe's graphs, compiled by its last start
     startup.load()
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force, packages=startup.packages())
     engine_loop = EngineLoop(engine, max_seq_len, max_queue)
@@ -95,6 +95,8 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     else:
         engine_loop.start()
     log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
+    if (difference := recipe.build_difference(engine.build_record)) is not None:
+        log(f"serve: {difference}")
     startup.save()
     if engine.packaged is not None:
         startup.report_packages(engine.packaged)

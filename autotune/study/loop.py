@@ -75,7 +75,7 @@ def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> op
 
 # "what": the command line that serves a llama.cpp trial's configuration (llama-server's), for its recipe.
 _STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source", "profile",
-           "compile_cache", "timing", "quant", "what")
+           "compile_cache", "timing", "quant", "what", "build")
 
 
 def _store_calibration(study: optuna.Study, quant: dict | None) -> None:

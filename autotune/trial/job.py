@@ -83,6 +83,7 @@ class JobResult:
     dtype: str | None = None
     what: str | None = None
     quant: dict | None = None  # the quantize step: method, layers converted and kept, calibration, sensitivity
+    build: dict | None = None  # how the engine runs: its compiled artifact, prepacking, spilling (Engine.build_record)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

@@ -25,7 +25,7 @@ from autotune.models.registry import ModelSpec, resolve_model
 from autotune.models.weights import auto_dtype, load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
 from autotune.quant.plan import quant_plan
-from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
+from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.trial.job import Job, JobKind, JobResult, Status
 from autotune.trial.pipeline import Checkpoint, run_trial
 
@@ -78,7 +78,8 @@ class _EngineStages:
                           tuple(self.job.keep) if self.job.keep is not None else None)
         self.engine = self.torch_device.build(hf, self.config, plan=plan)
         del hf
-        return JobResult(Status.OK, build_s=self.engine.build_seconds, quant=quant_record(plan, self.engine))
+        return JobResult(Status.OK, build_s=self.engine.build_seconds, quant=quant_record(plan, self.engine),
+                         build=self.engine.build_record)
 
     def gate(self, cached: dict | None) -> dict:
         """The decode check runs in every trial: it is of this configuration's decode path (batch size, page size),

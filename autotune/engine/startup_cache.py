@@ -1,4 +1,4 @@
-"""A served recipe's compiled graphs, kept for its next start on this machine: torch's own cache artifacts
+"""A served engine's compiled graphs, kept for its next start on this machine: torch's own cache artifacts
 (`torch.compiler.save_cache_artifacts`: inductor's FX graphs and AOT autograd's entries), saved after the first
 start's warm-up and loaded before the next build, in a folder of the cache root per recipe, with the key they
 were made under beside them.
@@ -25,32 +25,15 @@ from pathlib import Path
 
 import torch
 
-from autotune.code_hash import code_hash
+from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.engine.packaged import digests_path
-from autotune.gate.cache import host_numerics, numerics_versions
-from autotune.host import cpu_fingerprint
-from autotune.models.registry import resolve_model
-from autotune.models.weights import model_checksum
 from autotune.paths import cache_root, private_dir, write_atomic
 from autotune.progress import log
-from autotune.recipes.recipe import Recipe, recipe_checksum
-from autotune.trial.compiler_cache import compile_seconds, compiler_cache_counts
 
-__all__ = ["StartupCache", "startup_key"]
+__all__ = ["StartupCache", "ARTIFACTS", "META", "PACKAGES"]
 
 ARTIFACTS, META = "artifacts.bin", "meta.json"
 PACKAGES = "o2"
-
-
-def startup_key(recipe: Recipe, backend: str) -> dict:
-    """What a bundle must have been made under to be loaded: the recipe's content (its checksum computed here, so
-    that a recipe accepted with --force is keyed by what it says now), the weights loaded (frozen into O2's
-    packages: their checksum here, not the recipe's), the build code (code_hash.py) and the versions of the
-    libraries it runs on, this machine's hardware class and the CPU facts that decide rounding (gate/cache.py
-    host_numerics), and the backend it was served on."""
-    return {"recipe": recipe_checksum(recipe.data), "weights": model_checksum(resolve_model(recipe.model)),
-            "torch": torch.__version__, "versions": numerics_versions(), "machine": cpu_fingerprint()["hardware"],
-            "host": host_numerics(), "backend": backend, "engine": code_hash()}
 
 
 class _Bypasses(logging.Filter):
@@ -94,12 +77,12 @@ class StartupCache:
         self.loaded = False
 
     @classmethod
-    def for_recipe(cls, recipe: Recipe, backend: str) -> StartupCache:
-        key = startup_key(recipe, backend)
+    def keyed(cls, key: dict, fusion_level: str, packaged: bool) -> StartupCache:
+        """The bundle of the recipe whose content `key["recipe"]` names (serve/startup_key.py makes the key);
+        `packaged`: O2 on the CPU, whose graphs are AOTInductor packages."""
         # O0 compiles nothing: there is nothing to keep. O2 on the CPU compiles nothing through torch.compile.
-        packaged = recipe.config.fusion_level == "O2" and backend == "cpu"
         return cls(cache_root() / "startup" / key["recipe"].removeprefix("sha256:")[:16], key,
-                   enabled=recipe.config.fusion_level != "O0" and not packaged, packaged=packaged)
+                   enabled=fusion_level != "O0" and not packaged, packaged=packaged)
 
     def packages(self) -> Path | None:
         """The folder of O2's AOTInductor packages (engine/packaged.py) when this start is served from them, made
