@@ -15,10 +15,10 @@ import pytest
 import torch
 from recipe_factory import tiny_recipe
 
+from autotune.engine.startup_cache import ARTIFACTS, META, StartupCache
 from autotune.gate import cache as gate_cache
 from autotune.recipes.recipe import load_recipe
 from autotune.serve import startup_key as key_module
-from autotune.engine.startup_cache import ARTIFACTS, META, StartupCache
 from autotune.serve.startup_key import startup_cache as recipe_startup_cache
 from autotune.serve.startup_key import startup_key
 

@@ -7,8 +7,8 @@ freezing, into a .pt2 package that holds the kernels, the C++ wrapper and the fr
 one takes milliseconds. Each segment entry (prefill, prompt chunk, decode at each batch bucket) and the head is
 exported on first use with the dimensions that the model's own table marks dynamic for dynamo (engine/model.py
 DYNAMIC_DIMS) marked so, the rest static, as dynamo's graphs are, compiled, written to the folder and loaded; a
-later start that meets the same inputs (structure, dtypes, static sizes) loads the package. A package that is corrupt or cannot be loaded is compiled
-again, with the reason in the log.
+later start that meets the same inputs (structure, dtypes, static sizes) loads the package. A package that is
+corrupt or cannot be loaded is compiled again, with the reason in the log.
 
 A package is native code loaded into the server. It is loaded only from a private folder (paths.py `untrusted`),
 and only when its sha256 is the one in the record beside the folder (`DIGESTS`), not in the folder itself: a file

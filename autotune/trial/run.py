@@ -16,6 +16,7 @@ from autotune.config.workload import Workload
 from autotune.devices.base import Device
 from autotune.engine import Engine
 from autotune.engine.calibrated import QuantPlan
+from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
 from autotune.gate.cache import reference_path
@@ -25,7 +26,6 @@ from autotune.models.registry import ModelSpec, resolve_model
 from autotune.models.weights import auto_dtype, load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
 from autotune.quant.plan import quant_plan
-from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.trial.job import Job, JobKind, JobResult, Status
 from autotune.trial.pipeline import Checkpoint, run_trial
 
