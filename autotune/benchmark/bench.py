@@ -45,7 +45,8 @@ def run_figures(completions: list[Completion], seconds: float) -> dict:
 
 
 def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workload, *, policy: RunPolicy | None = None,
-                     base_rss: int, device: Meter = HOST, cut: Callable[[dict], str | None] | None = None) -> dict:
+                     base_rss: int, device: Meter = HOST, cut: Callable[[dict], str | None] | None = None,
+                     bucketed: bool = False) -> dict:
     """Run the workload on one runner (its cache persists, as in serving) as `policy` says: warm-up, an optional
     screening wave, then timed runs of the whole workload (benchmark/policy.py).
 
@@ -58,10 +59,11 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
     `cut` sees the figures so far (peak memory included) after the screening wave and after each timed run, and
     may end the benchmark with a reason (a configuration clearly dominated needs no more precise figures). A
     configuration cut at its screen carries the screen's figures and says so (`screened_out`); a cut after a
-    timed run says so in `repeats_cut`. `repeats_stop` says which rule ended the timed runs."""
+    timed run says so in `repeats_cut`. `repeats_stop` says which rule ended the timed runs. `bucketed`: on the
+    serving runner's graphs (Engine.runner), as `autotune serve` runs them."""
     policy = policy or RunPolicy()
     runner = engine.runner(max_seq_len=workload.max_seq_len,
-                           pool_tokens=engine.config.batch_size * workload.max_seq_len)
+                           pool_tokens=engine.config.batch_size * workload.max_seq_len, bucketed=bucketed)
     eos = engine.model.eos_token_id
 
     def requests(count: int, new_tokens: int) -> list[Request]:

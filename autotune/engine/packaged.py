@@ -123,7 +123,7 @@ class PackagedGraphs:
                     raise ValueError("it does not match the checksum in the start-up record (corrupt or replaced)")
                 program = torch._inductor.aoti_load_package(str(package))
             except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
-                log(f"serve: O2 package {package.name} not used: {type(exc).__name__}: {exc}")
+                log(f"O2 package {package.name} not used: {type(exc).__name__}: {exc}")
                 continue
             loaded.append((meta["pattern"], program))
             self.num_loaded += 1
@@ -163,7 +163,7 @@ class PackagedGraphs:
         seconds = time.perf_counter() - started
         self.num_compiled += 1
         self.compile_seconds += seconds
-        log(f"serve: O2 graph {name} ({kind}) compiled into {self.folder / stem}.pt2 in {seconds:.1f} s")
+        log(f"O2 graph {name} ({kind}) compiled into {self.folder / stem}.pt2 in {seconds:.1f} s")
         if self.after_compile is not None:
             self.after_compile()
         return pattern, loaded

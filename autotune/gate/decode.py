@@ -16,7 +16,7 @@ __all__ = ["decode_check", "staged_decode"]
 
 def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]], tie_epsilon: float,
                  min_agreement: float, max_seq_len: int, pool_tokens: int | None,
-                 stage: int = DECODE_STAGE_PROMPTS) -> dict:
+                 stage: int = DECODE_STAGE_PROMPTS, bucketed: bool = False) -> dict:
     """Teacher-forced through the deployed decode path: each prompt is prefilled, then the reference's own
     continuation is fed token by token, and at every decode step the candidate's greedy choice is scored as in
     the windows. Forced tokens keep both sides on one prefix, so a lost decision is counted where it happens
@@ -25,11 +25,13 @@ def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]],
 
     Staged: `stage` prompts at a time, as a batch of the configuration's size (prompts repeated where the batch is
     larger), over its page size, as in the benchmark; after each stage the verdict is judged on the prompts scored
-    so far (autotune/gate/verdict.py), and an undecided one gets the next stage, until all of `prompts` (the cap)."""
+    so far (autotune/gate/verdict.py), and an undecided one gets the next stage, until all of `prompts` (the cap).
+    `bucketed`: through the serving runner's graphs (Engine.runner) rather than the offline runner's."""
     prompts = prompts[:len(reference.decode_tokens)]
     new = reference.decode_top_ids.shape[1]
     batch = engine.config.batch_size
-    runner = engine.runner(max_seq_len=max(max_seq_len, max(map(len, prompts)) + new), pool_tokens=pool_tokens)
+    runner = engine.runner(max_seq_len=max(max_seq_len, max(map(len, prompts)) + new), pool_tokens=pool_tokens,
+                           bucketed=bucketed)
     eos = engine.model.eos_token_id
 
     def greedy_ids(chunk: list[int]) -> list[list[int]]:

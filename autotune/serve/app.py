@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from autotune.benchmark.peak_rss import trim_heap
+from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.config.runtimes import runtime_of
 from autotune.devices.registry import get_device
 from autotune.errors import UserInputError
@@ -21,6 +21,7 @@ from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
 from autotune.serve.api import ServingApp
 from autotune.serve.engine_loop import EngineLoop
+from autotune.serve.first_start import check_packaged
 from autotune.serve.guard import Access
 from autotune.serve.llama_server import serve_with_llama_server
 from autotune.serve.metrics import ServerMetrics
@@ -84,10 +85,14 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     thread of its own, unless `engine_here`: then the caller runs it on this thread, which built the engine
     (`server.app.engine_loop.run()`; autotune/serve/engine_loop.py says why)."""
     where = placement(recipe, draft)
+    base_rss = rss_bytes()  # before the weights: what the packaged program's peak memory is counted from
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
     startup = startup_cache(recipe, where.backend)  # this recipe's graphs, compiled by its last start
     startup.load()
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force, packages=startup.packages())
+    if engine.packaged is not None:
+        # Before any request: the program about to be served is checked against the recipe (serve/first_start.py).
+        check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force)
     engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     started = time.perf_counter()
     if engine_here:

@@ -1,0 +1,94 @@
+"""A packaged build's first start checks the program it is about to serve. O2 on the CPU is served from AOTInductor
+packages compiled at that start (engine/packaged.py), with the serving runner's graphs (batch buckets, decode steps
+as wide as their rows' pages), which no trial ran: before the server takes a request, that program runs the decode
+check against the fp32 reference and one timed run of the recipe's workload, on the serving runner. The figures are
+kept with the packages (`check.json` in their folder, emptied with them when the key changes) and set beside the
+recipe's on every later start: a decode check that does not pass refuses the start (unless --force), a throughput
+or memory beyond the recipe's spread and tolerance is said with both figures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.benchmark.bench import benchmark_engine
+from autotune.benchmark.policy import RunPolicy
+from autotune.config.workload import Workload
+from autotune.engine import Engine
+from autotune.errors import UserInputError
+from autotune.gate.corpus import EVAL_POSITIONS, bench_prompts, decode_prompts
+from autotune.gate.decode import decode_check
+from autotune.gate.reference import cached_reference
+from autotune.models.registry import resolve_model
+from autotune.models.weights import load_hf_model, model_checksum
+from autotune.paths import write_atomic
+from autotune.progress import log
+from autotune.recipes.recipe import Recipe
+
+__all__ = ["CHECK", "TOLERANCE", "check_packaged", "measure_packaged", "differences"]
+
+CHECK = "check.json"
+TOLERANCE = 0.10  # as `autotune verify`'s default: a figure may be this much worse than the recipe's spread
+
+
+def measure_packaged(engine: Engine, recipe: Recipe, tokenizer, base_rss: int) -> dict:
+    """The decode check and one timed run of the recipe's workload, both on the serving runner's graphs."""
+    spec = resolve_model(recipe.model)
+    gate = recipe.data.get("gate") or {}
+    workload = Workload(**recipe.data["workload"])
+    shapes = dict(max_seq_len=workload.max_seq_len, pool_tokens=engine.config.batch_size * workload.max_seq_len)
+    reference = cached_reference(model_checksum(spec), tokenizer, EVAL_POSITIONS,
+                                 lambda: load_hf_model(spec, "float32"))
+    log("serve: first start of these packages: the decode check and one timed run on the program to be served")
+    decode = decode_check(engine, reference, decode_prompts(tokenizer, eval_positions=EVAL_POSITIONS),
+                          gate.get("tie_epsilon", 0.05), gate.get("min_agreement", 0.995), bucketed=True, **shapes)
+    prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
+                            workload.seed)
+    bench = benchmark_engine(engine, prompts, workload, policy=RunPolicy(warmup="full", max_repeats=1),
+                             base_rss=base_rss, bucketed=True)
+    return {"decode_agreement": decode["decode_agreement"], "decode_positions": decode["decode_positions"],
+            "decode_passed": decode["decode_passed"], "decode_decided": decode["decode_decided"],
+            "decode_verdict": decode["decode_verdict"],
+            "throughput_tok_s": bench["throughput_tok_s"], "peak_memory_mb": bench["peak_memory_mb"]}
+
+
+def differences(check: dict, recipe: Recipe, tolerance: float = TOLERANCE) -> list[str]:
+    """Where the packaged program's figures fall outside the recipe's, each in one line with both figures."""
+    metrics = recipe.data["metrics"]
+    out = []
+    floor = metrics.get("throughput_min") or metrics["throughput_tok_s"]
+    if check["throughput_tok_s"] < floor * (1 - tolerance):
+        out.append(f"throughput {check['throughput_tok_s']:.1f} tok/s here, below the recipe's "
+                   f"{floor:.1f}-{metrics.get('throughput_max') or floor:.1f} less {tolerance:.0%}")
+    if metrics.get("peak_memory_mb") and check["peak_memory_mb"] > metrics["peak_memory_mb"] * (1 + tolerance):
+        out.append(f"peak memory {check['peak_memory_mb']:.0f} MB here, above the recipe's "
+                   f"{metrics['peak_memory_mb']:.0f} MB plus {tolerance:.0%}")
+    return out
+
+
+def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base_rss: int, force: bool) -> dict:
+    """The packaged program's check: measured now where `folder` (the packages') holds none, else the one kept
+    there. Says the figures beside the recipe's; refuses a decode check that did not pass unless `force`."""
+    path = folder / CHECK
+    try:
+        check = json.loads(path.read_text())
+        log(f"serve: these packages were checked at their first start ({path})")
+    except (OSError, ValueError):
+        check = measure_packaged(engine, recipe, tokenizer, base_rss)
+        write_atomic(path, json.dumps(check, indent=1).encode())
+    gate = recipe.data.get("gate") or {}
+    log(f"serve: packaged program: decode {check['decode_agreement']:.4f} over {check['decode_positions']} "
+        f"positions ({check['decode_verdict'].split(':')[0]}; the recipe's gate: "
+        f"{gate.get('decode_agreement', float('nan')):.4f}), {check['throughput_tok_s']:.1f} tok/s (recipe "
+        f"{recipe.data['metrics']['throughput_tok_s']:.1f}), peak memory {check['peak_memory_mb']:.0f} MB (recipe "
+        f"{recipe.data['metrics'].get('peak_memory_mb') or 0:.0f})")
+    for line in differences(check, recipe):
+        log(f"serve: WARNING: the packaged program differs from the recipe: {line}")
+    # A marginal verdict is what the recipe itself had where it was accepted so (search --accept-marginal).
+    if not check["decode_passed"] and not (gate.get("accepted_marginal") and check["decode_decided"] is False):
+        why = (f"the packaged program does not pass the decode check here ({check['decode_verdict']}), though the "
+               "recipe's build did")
+        if not force:
+            raise UserInputError(f"{why}: it is not the program that was gated; `autotune verify` re-gates the "
+                                 f"recipe, and --force serves it anyway")
+        log(f"serve: WARNING: {why}; served anyway (--force)")
+    return check

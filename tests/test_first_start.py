@@ -1,0 +1,88 @@
+"""The first start of a packaged (O2, CPU) build checks the program it is about to serve against its recipe: the
+decode check and one timed run on the serving runner's graphs, kept with the packages and read again by later
+starts; a decode check that fails refuses the start unless forced, and figures beyond the recipe's spread are said
+with both figures."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from recipe_factory import tiny_recipe
+
+from autotune.config.deploy import DeployConfig
+from autotune.devices.cpu import CpuDevice
+from autotune.errors import UserInputError
+from autotune.models.registry import resolve_model
+from autotune.models.weights import load_hf_model, load_tokenizer
+from autotune.paths import private_dir
+from autotune.recipes.recipe import Recipe, load_recipe
+from autotune.serve import first_start
+from autotune.serve.first_start import CHECK, check_packaged, differences
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_model_folder):
+    """A packaged O2 build of the peaked tiny model (fp32: AOTInductor's bf16 needs oneDNN's bf16) and its recipe."""
+    tmp = tmp_path_factory.mktemp("first-start")
+    path = tiny_recipe(tmp, tiny_model_folder, fusion_level="O2", layers_per_subgraph=0, batch_size=2,
+                       page_size=16, dtype="fp32")
+    recipe = load_recipe(path)
+    spec = resolve_model(recipe.model)
+    engine = CpuDevice().build(load_hf_model(spec, "float32"), recipe.config,
+                               packages=private_dir(tmp / "startup" / "o2"))
+    return engine, recipe, load_tokenizer(spec)
+
+
+@pytest.mark.slow
+def test_the_first_start_measures_the_packaged_program_and_later_ones_read_it(served, capsys, monkeypatch):
+    engine, recipe, tokenizer = served
+    folder = engine.packaged.folder
+    check = check_packaged(engine, recipe, tokenizer, folder, base_rss=0, force=False)
+    err = capsys.readouterr().err
+    assert "first start of these packages" in err and "packaged program: decode 1.0000" in err, err
+    assert check["decode_passed"] and check["decode_agreement"] == 1.0 and check["decode_positions"] >= 1536
+    assert check["throughput_tok_s"] > 0 and check["peak_memory_mb"] > 0
+    assert json.loads((folder / CHECK).read_text()) == check
+    # Every decode step ran on the serving runner's graphs: a package per batch bucket with a dynamic width.
+    assert engine.packaged.num_compiled > 0
+
+    def never(*args):
+        raise AssertionError("a later start measures nothing")
+
+    monkeypatch.setattr(first_start, "measure_packaged", never)
+    assert check_packaged(engine, recipe, tokenizer, folder, base_rss=0, force=False) == check
+    assert "checked at their first start" in capsys.readouterr().err
+
+
+def _with_metrics(recipe: Recipe, **metrics) -> Recipe:
+    data = copy.deepcopy(recipe.data)
+    data["metrics"].update(metrics)
+    return Recipe(data)
+
+
+def test_figures_beyond_the_recipes_spread_are_said_with_both():
+    recipe = Recipe({"metrics": {"throughput_tok_s": 200.0, "throughput_min": 190.0, "throughput_max": 210.0,
+                                 "peak_memory_mb": 100.0}})
+    inside = {"throughput_tok_s": 175.0, "peak_memory_mb": 109.0}  # within 10% of the spread
+    assert differences(inside, recipe) == []
+    lines = differences({"throughput_tok_s": 120.0, "peak_memory_mb": 250.0}, recipe)
+    assert lines == ["throughput 120.0 tok/s here, below the recipe's 190.0-210.0 less 10%",
+                     "peak memory 250 MB here, above the recipe's 100 MB plus 10%"]
+
+
+def test_a_packaged_program_that_fails_the_decode_check_is_refused_unless_forced(served, tmp_path, capsys):
+    engine, recipe, tokenizer = served
+    failed = {"decode_agreement": 0.95, "decode_positions": 1536, "decode_passed": False, "decode_decided": True,
+              "decode_verdict": "fail: 0.9500 over 1536 positions", "throughput_tok_s": 1.0,
+              "peak_memory_mb": 1.0}
+    (tmp_path / CHECK).write_text(json.dumps(failed))
+    fast = _with_metrics(recipe, throughput_tok_s=1.0, throughput_min=1.0, throughput_max=1.0, peak_memory_mb=1.0)
+    with pytest.raises(UserInputError, match="does not pass the decode check here .*--force serves it anyway"):
+        check_packaged(engine, fast, tokenizer, tmp_path, base_rss=0, force=False)
+    assert check_packaged(engine, fast, tokenizer, tmp_path, base_rss=0, force=True) == failed
+    assert "served anyway (--force)" in capsys.readouterr().err
+    slow = _with_metrics(recipe, throughput_tok_s=1000.0, throughput_min=950.0, throughput_max=1050.0)
+    check_packaged(engine, slow, tokenizer, tmp_path, base_rss=0, force=True)
+    assert "WARNING: the packaged program differs from the recipe: throughput 1.0 tok/s here" in \
+        capsys.readouterr().err
