@@ -10,7 +10,6 @@ import json
 import pytest
 from recipe_factory import tiny_recipe
 
-from autotune.config.deploy import DeployConfig
 from autotune.devices.cpu import CpuDevice
 from autotune.errors import UserInputError
 from autotune.models.registry import resolve_model
