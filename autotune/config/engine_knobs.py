@@ -22,6 +22,9 @@ TORCH_DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # "none": the dtype alone. Recipes and studies made before the dtype knob named that scheme "bf16"
 # (DeployConfig.from_dict reads them).
 QUANT_SCHEMES = ("none", "w8a16", "w8a8", "w4a16")
+# The schemes that quantize weights only (activations stay in the compute dtype): where a bigger model's decode
+# reads more weight bytes per step, these are what should pay.
+WEIGHT_ONLY_SCHEMES = ("w8a16", "w4a16")
 # How each scheme's weights (and activation scales) are chosen. "rtn" (round-to-nearest, data-free) is what every
 # scheme did before calibration existed; the others use the calibration set (autotune/quant/). "none" has none.
 QUANT_METHODS: dict[str, tuple[str, ...]] = {

@@ -108,18 +108,19 @@ class Guide:
                     failing_eager.add(scheme)
         return failing, passing, failing_eager - set(passing)
 
-    def next_params(self, study: optuna.Study, turn: int,
-                    fits: Callable[[DeployConfig], bool] | None = None) -> tuple[dict, dict] | None:
+    def next_params(self, study: optuna.Study, turn: int, fits: Callable[[DeployConfig], bool] | None = None,
+                    explore: bool = False) -> tuple[dict, dict] | None:
         """(parameters by dimension name, predicted figures) of the next guided trial; None when the guide has
-        nothing left. `fits`: whether a configuration's trial fits the time left (None: any does). Enqueue them as
-        `space.trial_params(parameters)`."""
+        nothing left. `fits`: whether a configuration's trial fits the time left (None: any does). `explore`:
+        schemes of unknown accuracy are candidates on this turn too (as on the memory turn, or before any scheme
+        passed), each at O0 first. Enqueue them as `space.trial_params(parameters)`."""
         trials = study.get_trials(deepcopy=False)
         self.refit(trials)
         # Optuna's names of the parameters (a knob chosen per scheme is named per scheme: SearchSpace.trial_params).
         tried = {_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
         failing, passing, failing_eager = self._gate_knowledge(trials)
         metric, maximise = _TURNS[turn % len(_TURNS)]
-        explore = metric == "peak_memory_mb" or not passing
+        explore = explore or metric == "peak_memory_mb" or not passing
         candidates: dict[tuple, tuple[dict, dict]] = {}
         last: dict[tuple, tuple[dict, dict]] = {}  # schemes the device runs only through a slow kernel
         for params in self.grid:

@@ -31,7 +31,7 @@ from autotune.study.turns import (
     GUIDED_SHARE_OF_LEFT,
     MAX_MISSES,
     MAX_REPEATS,
-    enqueue_first_compiled,
+    enqueue_first_builds,
     enqueue_guided,
     enqueued,
     over_budget,
@@ -290,8 +290,8 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                 def fits(c: DeployConfig, cost=cost, left=left, typical=typical) -> bool:
                     expected = cost(c)
                     return expected <= 0.9 * left and (expected <= GUIDED_SHARE_OF_LEFT * left or expected <= typical)
-            first_compiled = cost is not None and enqueue_first_compiled(study, guide, cost, left)
-            if not first_compiled and not enqueue_guided(study, guide, done, settings.sampler_share, fits,
+            first_build = cost is not None and enqueue_first_builds(study, guide, cost, left)
+            if not first_build and not enqueue_guided(study, guide, done, settings.sampler_share, fits,
                                                          sampler_turn=not skipped):
                 _stopped(study, settings, "time", f"nothing the guide would try is predicted to end in the {left:.0f} "
                          "s left; run the same command again to continue", ran)

@@ -1,5 +1,5 @@
-"""Which configuration the next trial is, and whether it runs: the guide's pick or the sampler's, a first compiled
-build per fusion level, and the time budget each must fit."""
+"""Which configuration the next trial is, and whether it runs: the guide's pick or the sampler's, a first build of
+each compiled fusion level and of each weight-only quantization, and the time budget each must fit."""
 from __future__ import annotations
 
 import statistics
@@ -9,13 +9,14 @@ from collections.abc import Callable
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.config.engine_knobs import WEIGHT_ONLY_SCHEMES
 from autotune.progress import log
 from autotune.study.coordination import NOT_RUN_ATTR, counted, fail_and_retry
 from autotune.study.guide import GUIDE_ROLE, Guide
 from autotune.study.optuna_private import frozen_trial
 
-__all__ = ["GUIDED_SHARE_OF_LEFT", "MAX_MISSES", "MAX_REPEATS", "MIN_EAGER_POINTS", "COMPILED_ROLE",
-           "typical_trial_s", "enqueued", "over_budget", "enqueue_guided", "enqueue_first_compiled"]
+__all__ = ["GUIDED_SHARE_OF_LEFT", "MAX_MISSES", "MAX_REPEATS", "MIN_EAGER_POINTS", "FIRST_ROLE",
+           "typical_trial_s", "enqueued", "over_budget", "enqueue_guided", "enqueue_first_builds", "FIRSTS"]
 
 # A guided pick may take at most this share of the time left (or no longer than 1.5 typical trials here), so that
 # one long compile cannot end the search; never more than 90% of it.
@@ -28,7 +29,7 @@ MAX_REPEATS = 20
 # Eager (O0) trials measured before a first compiled build is tried: the guide's factors are refitted to them, so
 # that the compiled build it picks, and the time it is predicted to take, stand on this machine's figures.
 MIN_EAGER_POINTS = 2
-COMPILED_ROLE = "first-compiled"
+FIRST_ROLE = "first-build"
 
 
 def typical_trial_s(study: optuna.Study) -> float:
@@ -91,42 +92,59 @@ def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: 
     return True
 
 
-def _levels_tried(trials: list[optuna.trial.FrozenTrial]) -> set[str]:
-    """Fusion levels of the trials that ran (a crash too), run or wait to (a retry stands for the one it replaced)."""
-    return {level for t in counted(trials)
-            if (level := (t.user_attrs.get("config") or {}).get("fusion_level")
-                or t.system_attrs.get("fixed_params", {}).get("fusion_level"))}
+# What a search tries once of each as soon as it can afford it: each compiled fusion level, and each weight-only
+# quantization scheme (the first compiled builds first: on these CPUs they won every search measured). The guide's
+# usual picks weigh such a build against the trials it would displace and may never choose one, though on some
+# machines and models it is what wins; this is how a search learns what each is worth here.
+FIRSTS: tuple[tuple[str, tuple[str, ...]], ...] = (("fusion_level", ("O1", "O2")), ("quant", WEIGHT_ONLY_SCHEMES))
 
 
-def enqueue_first_compiled(study: optuna.Study, guide: Guide, cost: Callable[[DeployConfig], float],
+def _tried(trials: list[optuna.trial.FrozenTrial], knob: str) -> set[str]:
+    """`knob`'s values in the trials that ran (a crash too), run or wait to (a retry stands for the one it
+    replaced)."""
+    return {value for t in counted(trials)
+            if (value := (t.user_attrs.get("config") or {}).get(knob)
+                or t.system_attrs.get("fixed_params", {}).get(knob))}
+
+
+def enqueue_first_builds(study: optuna.Study, guide: Guide, cost: Callable[[DeployConfig], float],
                            left: float) -> bool:
-    """Once MIN_EAGER_POINTS eager trials are measured, queue one build of each compiled fusion level the space
-    offers and no trial has tried yet, cheapest level first: the guide's predicted best at that level among those
-    predicted to end within 90% of the time left. The guide's usual picks weigh a compile against the trials it
-    would displace and may never choose one, though on some machines a compiled build is what wins; this is how a
-    search that can afford one learns what compiling is worth here. True when one was queued."""
-    if _waiting(study) or "fusion_level" not in {d.name for d in guide.space.dimensions}:
+    """Once MIN_EAGER_POINTS eager trials are measured, queue one build of a value of FIRSTS that the space offers
+    and no trial has tried yet: compiled fusion levels first, then weight-only schemes (not those the probe ordered
+    last as too slow here), cheapest first within each: the guide's predicted best with that value among those
+    predicted to end within 90% of the time left. True when one was queued."""
+    names = {d.name for d in guide.space.dimensions}
+    if _waiting(study) or "fusion_level" not in names:
         return False
     trials = study.get_trials(deepcopy=False)
     eager = [t for t in counted(trials) if t.state == optuna.trial.TrialState.COMPLETE
              and (t.user_attrs.get("config") or {}).get("fusion_level") == "O0"]
     if len(eager) < MIN_EAGER_POINTS:
         return False
-    tried = _levels_tried(trials)
     started = time.perf_counter()
-    picks = []
-    for level in guide.space.dimension("fusion_level").values:
-        if level == "O0" or level in tried:
+    for knob, values in FIRSTS:
+        if knob not in names:
             continue
-        picked = guide.next_params(study, turn=0, fits=lambda c, level=level: c.fusion_level == level
-                                   and cost(c) <= 0.9 * left)
-        if picked is not None:
-            picks.append((cost(guide.space.to_config(picked[0])), level, picked))
-    if not picks:
-        return False
-    seconds, level, (params, predicted) = min(picks, key=lambda p: p[0])
-    study.enqueue_trial(guide.space.trial_params(params), user_attrs={
-        "role": COMPILED_ROLE, "predicted": predicted,
-        "why": f"no {level} build tried yet and one is predicted to take {seconds:.0f} s of the {left:.0f} s left"})
-    _log_pick(guide, f"first {level} build, predicted {seconds:.0f} s of the {left:.0f} s left", predicted, started)
-    return True
+        tried = _tried(trials, knob)
+        picks = []
+        for value in guide.space.dimension(knob).values:
+            if value not in values or value in tried:
+                continue
+
+            def fits(c: DeployConfig, knob=knob, value=value) -> bool:
+                slow = f"{c.quant}@{c.dtype}" in guide.space.ordered_last
+                return getattr(c, knob) == value and not slow and cost(c) <= 0.9 * left
+            # A scheme of unknown accuracy is a candidate only when exploring: the guide then picks it at O0.
+            picked = guide.next_params(study, turn=0, fits=fits, explore=knob == "quant")
+            if picked is not None:
+                picks.append((cost(guide.space.to_config(picked[0])), value, picked))
+        if not picks:
+            continue
+        seconds, value, (params, predicted) = min(picks, key=lambda p: p[0])
+        study.enqueue_trial(guide.space.trial_params(params), user_attrs={
+            "role": FIRST_ROLE, "predicted": predicted,
+            "why": f"no {value} build tried yet and one is predicted to take {seconds:.0f} s of the {left:.0f} s left"})
+        _log_pick(guide, f"first {value} build, predicted {seconds:.0f} s of the {left:.0f} s left", predicted,
+                  started)
+        return True
+    return False
