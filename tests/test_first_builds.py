@@ -1,6 +1,7 @@
-"""A search tries once of each compiled fusion level and each weight-only quantization as soon as it can afford it,
-after two eager points: compiled levels first, cheapest first, then the weight-only schemes (at O0: their accuracy
-is learnt eagerly first), never one the probe ordered last as too slow here, never a value tried already."""
+"""A search tries once of each compiled fusion level and each weight-only quantization as soon as it can afford it:
+compiled levels once two eager points are measured, cheapest first, then the weight-only schemes (at O0: their
+accuracy is learnt eagerly first; the baseline's eager point is enough for them), never one the probe ordered last
+as too slow here, never a value tried already."""
 from __future__ import annotations
 
 import optuna
@@ -48,7 +49,9 @@ def test_compiled_levels_first_then_weight_only_schemes_then_nothing():
     def cost(c: DeployConfig) -> float:
         return seconds[c.fusion_level]
 
-    assert not enqueue_first_builds(_study(eager[:1]), guide, cost, 1000.0)  # one eager point: not yet
+    one = _study(eager[:1])  # one eager point: no compiled build yet, a weight-only one already
+    assert enqueue_first_builds(one, guide, cost, 1000.0) and _queued(one)["fusion_level"] == "O0"
+    assert _queued(one)["quant"] in ("w8a16", "w4a16")
     study = _study(eager)
     assert enqueue_first_builds(study, guide, cost, 1000.0) and _queued(study)["fusion_level"] == "O1"  # cheapest
     assert not enqueue_first_builds(study, guide, cost, 1000.0)  # a trial waits: nothing more is queued

@@ -92,11 +92,13 @@ def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: 
     return True
 
 
-# What a search tries once of each as soon as it can afford it: each compiled fusion level, and each weight-only
-# quantization scheme (the first compiled builds first: on these CPUs they won every search measured). The guide's
-# usual picks weigh such a build against the trials it would displace and may never choose one, though on some
-# machines and models it is what wins; this is how a search learns what each is worth here.
-FIRSTS: tuple[tuple[str, tuple[str, ...]], ...] = (("fusion_level", ("O1", "O2")), ("quant", WEIGHT_ONLY_SCHEMES))
+# What a search tries once of each as soon as it can afford it, with the eager trials it needs measured first:
+# each compiled fusion level (its compile is predicted from MIN_EAGER_POINTS eager points), and each weight-only
+# quantization scheme (built eagerly, its first build is an eager point itself: the baseline's is enough). The
+# guide's usual picks weigh such a build against the trials it would displace and may never choose one, though on
+# some machines and models it is what wins; this is how a search learns what each is worth here.
+FIRSTS: tuple[tuple[str, tuple[str, ...], int], ...] = (("fusion_level", ("O1", "O2"), MIN_EAGER_POINTS),
+                                                        ("quant", WEIGHT_ONLY_SCHEMES, 1))
 
 
 def _tried(trials: list[optuna.trial.FrozenTrial], knob: str) -> set[str]:
@@ -109,9 +111,9 @@ def _tried(trials: list[optuna.trial.FrozenTrial], knob: str) -> set[str]:
 
 def enqueue_first_builds(study: optuna.Study, guide: Guide, cost: Callable[[DeployConfig], float],
                            left: float) -> bool:
-    """Once MIN_EAGER_POINTS eager trials are measured, queue one build of a value of FIRSTS that the space offers
-    and no trial has tried yet: compiled fusion levels first, then weight-only schemes (not those the probe ordered
-    last as too slow here), cheapest first within each: the guide's predicted best with that value among those
+    """Queue one build of a value of FIRSTS that the space offers and no trial has tried yet, once the eager trials
+    it needs are measured: compiled fusion levels first, then weight-only schemes (not those the probe ordered last
+    as too slow here), cheapest first within each: the guide's predicted best with that value among those
     predicted to end within 90% of the time left. True when one was queued."""
     names = {d.name for d in guide.space.dimensions}
     if _waiting(study) or "fusion_level" not in names:
@@ -119,11 +121,9 @@ def enqueue_first_builds(study: optuna.Study, guide: Guide, cost: Callable[[Depl
     trials = study.get_trials(deepcopy=False)
     eager = [t for t in counted(trials) if t.state == optuna.trial.TrialState.COMPLETE
              and (t.user_attrs.get("config") or {}).get("fusion_level") == "O0"]
-    if len(eager) < MIN_EAGER_POINTS:
-        return False
     started = time.perf_counter()
-    for knob, values in FIRSTS:
-        if knob not in names:
+    for knob, values, needs in FIRSTS:
+        if knob not in names or len(eager) < needs:
             continue
         tried = _tried(trials, knob)
         picks = []
