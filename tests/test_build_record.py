@@ -4,6 +4,7 @@ the artifact, the prepacking and the spilling that its recipe then carries and t
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -38,6 +39,21 @@ def test_an_o2_build_on_the_cpu_is_packages_in_a_scratch_folder_removed_with_it(
     del engine
     gc.collect()
     assert not folder.exists()
+
+
+def test_a_dead_processs_scratch_folder_is_removed_by_the_next_build(own_cache):
+    import subprocess
+    import sys
+
+    from autotune.devices.cpu import scratch_packages
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = own_cache / "scratch" / f"o2-{int(dead.stdout)}-abc"  # what a trial killed at its limit leaves
+    left.mkdir(parents=True)
+    (left / "segment0.pt2").write_bytes(b"kernels")
+    mine = scratch_packages()
+    assert not left.exists() and mine.is_dir() and mine.name.startswith(f"o2-{os.getpid()}-")
+    assert scratch_packages().is_dir() and mine.is_dir()  # a live process's folder stays
 
 
 def test_the_recipe_says_where_it_was_measured_otherwise():

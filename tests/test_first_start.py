@@ -54,9 +54,10 @@ def test_the_first_start_measures_the_packaged_program_and_later_ones_read_it(se
     assert "checked at their first start" in capsys.readouterr().err
 
 
-def _with_metrics(recipe: Recipe, **metrics) -> Recipe:
+def _with_metrics(recipe: Recipe, gate: dict | None = None, **metrics) -> Recipe:
     data = copy.deepcopy(recipe.data)
     data["metrics"].update(metrics)
+    data["gate"].update(gate or {})
     return Recipe(data)
 
 
@@ -76,11 +77,14 @@ def test_a_packaged_program_that_fails_the_decode_check_is_refused_unless_forced
               "decode_verdict": "fail: 0.9500 over 1536 positions", "throughput_tok_s": 1.0,
               "peak_memory_mb": 1.0}
     (tmp_path / CHECK).write_text(json.dumps(failed))
-    fast = _with_metrics(recipe, throughput_tok_s=1.0, throughput_min=1.0, throughput_max=1.0, peak_memory_mb=1.0)
+    # Gated before the decode check existed: its recipe has no decode figure to set beside the check's.
+    fast = _with_metrics(recipe, gate={"decode_agreement": None}, throughput_tok_s=1.0, throughput_min=1.0,
+                         throughput_max=1.0, peak_memory_mb=1.0)
     with pytest.raises(UserInputError, match="does not pass the decode check here .*--force serves it anyway"):
         check_packaged(engine, fast, tokenizer, tmp_path, base_rss=0, force=False)
     assert check_packaged(engine, fast, tokenizer, tmp_path, base_rss=0, force=True) == failed
-    assert "served anyway (--force)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "served anyway (--force)" in err and "the recipe's gate: -)" in err, err
     slow = _with_metrics(recipe, throughput_tok_s=1000.0, throughput_min=950.0, throughput_max=1050.0)
     check_packaged(engine, slow, tokenizer, tmp_path, base_rss=0, force=True)
     assert "WARNING: the packaged program differs from the recipe: throughput 1.0 tok/s here" in \

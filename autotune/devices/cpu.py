@@ -1,6 +1,7 @@
 """This machine's CPU as a Device: the one path trials, `verify` and `serve` take on the CPU."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -17,8 +18,24 @@ __all__ = ["CpuDevice", "scratch_packages"]
 
 
 def scratch_packages() -> Path:
-    """A private folder of its own for one build's O2 packages, where nothing keeps them (a trial, `verify`)."""
-    return Path(tempfile.mkdtemp(prefix="o2-", dir=private_dir(cache_root() / "scratch")))
+    """A private folder of its own for one build's O2 packages, where nothing keeps them (a trial, `verify`). A
+    process killed at its limit cannot remove its own: the folders of processes no longer alive go first."""
+    root = private_dir(cache_root() / "scratch")
+    for folder in root.glob("o2-*-*"):
+        pid = folder.name.split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"o2-{os.getpid()}-", dir=root))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 class CpuDevice(HostMeter, Device):

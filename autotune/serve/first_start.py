@@ -76,9 +76,10 @@ def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base
         check = measure_packaged(engine, recipe, tokenizer, base_rss)
         write_atomic(path, json.dumps(check, indent=1).encode())
     gate = recipe.data.get("gate") or {}
+    recorded = gate.get("decode_agreement")  # None for a recipe gated before the decode check
     log(f"serve: packaged program: decode {check['decode_agreement']:.4f} over {check['decode_positions']} "
         f"positions ({check['decode_verdict'].split(':')[0]}; the recipe's gate: "
-        f"{gate.get('decode_agreement', float('nan')):.4f}), {check['throughput_tok_s']:.1f} tok/s (recipe "
+        f"{'-' if recorded is None else format(recorded, '.4f')}), {check['throughput_tok_s']:.1f} tok/s (recipe "
         f"{recipe.data['metrics']['throughput_tok_s']:.1f}), peak memory {check['peak_memory_mb']:.0f} MB (recipe "
         f"{recipe.data['metrics'].get('peak_memory_mb') or 0:.0f})")
     for line in differences(check, recipe):

@@ -110,7 +110,7 @@ def _tried(trials: list[optuna.trial.FrozenTrial], knob: str) -> set[str]:
 
 
 def enqueue_first_builds(study: optuna.Study, guide: Guide, cost: Callable[[DeployConfig], float],
-                           left: float) -> bool:
+                         left: float) -> bool:
     """Queue one build of a value of FIRSTS that the space offers and no trial has tried yet, once the eager trials
     it needs are measured: compiled fusion levels first, then weight-only schemes (not those the probe ordered last
     as too slow here), cheapest first within each: the guide's predicted best with that value among those
