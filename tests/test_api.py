@@ -97,6 +97,7 @@ def test_bad_input_is_refused_before_a_study_is_opened(tmp_path, change, error, 
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.slow
 def test_the_cli_gives_the_same_result_and_prints_it(tmp_path, capsys):
     cli, api = tmp_path / "cli", tmp_path / "api"
     code = main(["search", "--model", "llama-7b", "--backend", "sim", "--hardware", "a100-80g", "--trials", "4",

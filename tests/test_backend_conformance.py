@@ -112,6 +112,7 @@ def _stored(model: nn.Module) -> tuple[set[torch.dtype], int]:
     return {t.dtype for t in stored}, sum(t.nbytes for t in stored)
 
 
+@pytest.mark.slow
 def test_quantized_linear_path_per_scheme(backend, device):
     torch.manual_seed(0)
     # 1,024 input columns: CUDA's int4 layout (tinygemm) pads the input width to a multiple of 1,024, so a

@@ -100,6 +100,7 @@ def _symbolic(gm) -> dict[str, set[int]]:
     return out
 
 
+@pytest.mark.slow
 def test_torchair_gets_a_dynamic_prefill_and_static_decode_graphs(tiny_llama, monkeypatch):
     # The CPU's eager fp32 build prepacks its linears for oneDNN; an accelerator's build never does.
     monkeypatch.setattr(build_module, "prepack_available", lambda: False)

@@ -45,6 +45,7 @@ def _study() -> optuna.Study:
     return optuna.create_study(directions=[d for _, d in OBJECTIVES])
 
 
+@pytest.mark.slow
 def test_speed_turns_exploit_schemes_known_to_pass_and_refit_on_what_was_measured(tiny_model_folder):
     guide = Guide.for_backend("cpu", str(tiny_model_folder), SPACE, Workload())
     assert guide is not None

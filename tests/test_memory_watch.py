@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from autotune.backends.faults import FAULTS_ENV
 from autotune.backends.isolated import BACKEND_ENTRY, run_isolated
 from autotune.backends.memory_watch import MemoryWatch, group_rss_bytes
@@ -44,6 +46,7 @@ def test_watch_kills_a_group_past_its_limit():
     assert watch.exceeded_mb is not None and watch.exceeded_mb > 100
 
 
+@pytest.mark.slow
 def test_accelerator_trial_past_its_memory_fails_with_the_reason(monkeypatch, tmp_path):
     """A trial envelope for device "cuda" (its child runs the fault backend, which allocates without end): the
     child sets no RLIMIT_AS, the parent's watch stops it, and the trial fails as out of memory."""

@@ -107,6 +107,7 @@ def _oversized(port: int) -> str:
         return sock.recv(4096).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_32_concurrent_requests_equal_transformers_while_bad_requests_are_refused(
         served, prompts, context_model_folder):
     texts, tok = prompts

@@ -112,6 +112,7 @@ def test_baseline_is_the_first_trial(tmp_path):
     assert study.trials[0].user_attrs["role"] == "baseline"
 
 
+@pytest.mark.slow
 def test_resume_keeps_finished_trials_and_counts_new_ones(tmp_path):
     space = load_space(DEFAULT_SPACE)
     run_search(_settings(tmp_path, 3), space, ScriptedBackend(), _study(tmp_path))
