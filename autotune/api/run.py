@@ -15,6 +15,7 @@ from autotune.progress import log
 from autotune.recipes.warm_start import enqueue_recipes
 from autotune.redact import redact
 from autotune.results.export import write_recipes
+from autotune.results.holdout import recheck_front
 from autotune.space.search_space import default_space, load_space
 from autotune.study.coordination import budget_target
 from autotune.study.loop import run_search
@@ -119,5 +120,7 @@ def run(options: SearchOptions) -> SearchResult:
         run_local_workers(options.workers, study_name, settings.storage)
     else:
         run_search(settings, space, backend, study, target=target)
+    recheck_front(study, backend, dict(model=settings.model, workload=settings.workload.to_dict(),
+                                       min_agreement=settings.min_agreement, tie_epsilon=settings.tie_epsilon))
     written = write_recipes(study, options.out, settings.storage)
     return SearchResult.of(study, url, written)

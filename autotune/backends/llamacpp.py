@@ -34,7 +34,7 @@ class LlamaCppBackend(Backend):
         return restrict_to_cores(space, "llama.cpp's thread count")
 
     def run(self, job: Job, timeout_s: float) -> JobResult:
-        if job.kind is not JobKind.TRIAL:  # the reference and the speed baselines: transformers', as on the cpu
+        if job.kind not in (JobKind.TRIAL, JobKind.HOLDOUT):  # the reference and the speed baselines: transformers'
             return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)
         try:
             llamacpp_config(job.config)

@@ -14,7 +14,7 @@ from pathlib import Path
 from autotune.code_hash import code_hash
 from autotune.config.calibration import calibration_inputs, needs_plan
 from autotune.config.deploy import DeployConfig
-from autotune.gate.corpus import decode_set_digest
+from autotune.gate.corpus import decode_set_digest, holdout_set_digest
 from autotune.gate.design import design
 from autotune.host import ISA_FLAGS, cpu_flags, cpu_model, cpu_signature, isa_caps, isa_level
 from autotune.paths import cache_root
@@ -64,6 +64,14 @@ def reference_inputs(model_checksum: str, eval_digest: str) -> dict:
 def reference_path(model_checksum: str, eval_digest: str) -> Path:
     key = _digest(reference_inputs(model_checksum, eval_digest))
     return cache_root() / "reference" / f"{model_checksum.removeprefix('sha256:')[:16]}-{key}.pt"
+
+
+def holdout_reference_path(model_checksum: str) -> Path:
+    """The reference's continuations of the held-back prompts: keyed as the reference is, by their own texts."""
+    versions = numerics_versions()
+    key = _digest({"model": model_checksum, "holdout_text": holdout_set_digest(), "design": design(),
+                   "transformers": versions["transformers"], "torch": versions["torch"]})
+    return cache_root() / "reference" / f"{model_checksum.removeprefix('sha256:')[:16]}-holdout-{key}.pt"
 
 
 def gate_inputs(model_checksum: str, eval_digest: str, config: DeployConfig, *, tie_epsilon: float,

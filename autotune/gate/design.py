@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 
 __all__ = ["TOP_K", "DECODE_PROMPT_TOKENS", "DECODE_NEW_TOKENS", "DECODE_STAGE_PROMPTS", "DECODE_MAX_PROMPTS",
-           "CONFIDENCE", "DECODE_FAIL_MISS_RATIO", "DECODE_PASS_MISS_RATIO", "DECODE_ALPHA",
+           "HOLDOUT_MAX_PROMPTS", "HOLDOUT_OVERLAP_TOKENS", "CONFIDENCE", "DECODE_FAIL_MISS_RATIO",
+           "DECODE_PASS_MISS_RATIO", "DECODE_ALPHA",
            "DECODE_BETA", "GATE_VERSION", "REFERENCE_VERSION", "design"]
 
 # Reference distributions are kept as their top-K: enough to decide near-ties and most of the KL mass.
@@ -27,6 +28,11 @@ DECODE_PROMPT_TOKENS = 48
 DECODE_NEW_TOKENS = 33
 DECODE_STAGE_PROMPTS = 48
 DECODE_MAX_PROMPTS = 192
+# The held-back re-check of the chosen recipes is the decode check's rule on other prompts: at most 128 of them
+# (4,096 positions), as many as the held-back texts give unseen with SmolLM2's tokenizer (136), rounded down.
+HOLDOUT_MAX_PROMPTS = 128
+# A held-back passage sharing this many consecutive tokens with the gate's texts is left out.
+HOLDOUT_OVERLAP_TOKENS = 16
 CONFIDENCE = 0.95  # of the Clopper-Pearson intervals the verdicts are stated with
 DECODE_FAIL_MISS_RATIO = 1.2
 DECODE_PASS_MISS_RATIO = 0.6

@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from autotune.gate.cache import reference_path
-from autotune.gate.corpus import decode_prompts, eval_set_digest, eval_windows
+from autotune.gate.cache import holdout_reference_path, reference_path
+from autotune.gate.corpus import decode_prompts, eval_set_digest, eval_windows, holdout_prompts
 from autotune.gate.design import DECODE_NEW_TOKENS, TOP_K
 
-__all__ = ["Reference", "compute_reference", "cached_reference", "agreeing", "top"]
+__all__ = ["Reference", "compute_reference", "cached_reference", "cached_holdout_reference", "agreeing", "top"]
 
 # Decode prompts generated together by the reference (they are of one length): the scores of one group are
 # [rows, steps, vocab] floats, about 200 MB for 32 rows of SmolLM2.
@@ -75,6 +75,8 @@ def compute_reference(hf_model, windows: list[list[int]], prompts: list[list[int
             for j, i in enumerate(rows):
                 tokens[i] = out.sequences[j, length:].tolist()
                 top_ids[i], top_lps_d[i] = idx[j], lp[j]
+    if not windows:  # the held-back reference: continuations only
+        tops, top_lps, targets = [torch.empty(0, TOP_K, dtype=torch.long)], [torch.empty(0, TOP_K)], [torch.empty(0)]
     return Reference(torch.cat(tops), torch.cat(top_lps), torch.cat(targets), tokens, torch.stack(top_ids),
                      torch.stack(top_lps_d))
 
@@ -95,9 +97,19 @@ def cached_reference(checksum: str, tokenizer, positions: int, load_fp32: Callab
     """The reference from the cache (its key: autotune/gate/cache.py), computed and stored first when missing;
     `load_fp32` loads transformers' fp32 model only then."""
     path = reference_path(checksum, eval_set_digest(positions))
+    return _cached(path, lambda: compute_reference(load_fp32(), eval_windows(tokenizer, positions),
+                                                   decode_prompts(tokenizer, eval_positions=positions)))
+
+
+def cached_holdout_reference(checksum: str, tokenizer, load_fp32: Callable[[], object]) -> Reference:
+    """The reference's continuations of the held-back prompts (no windows), cached apart from the gate's."""
+    return _cached(holdout_reference_path(checksum),
+                   lambda: compute_reference(load_fp32(), [], holdout_prompts(tokenizer)))
+
+
+def _cached(path, compute: Callable[[], Reference]) -> Reference:
     if not path.is_file():
-        ref = compute_reference(load_fp32(), eval_windows(tokenizer, positions),
-                                decode_prompts(tokenizer, eval_positions=positions))
+        ref = compute()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         torch.save(asdict(ref), tmp)

@@ -12,8 +12,8 @@ from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.benchmark.policy import RunPolicy
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
-from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows
-from autotune.gate.reference import cached_reference
+from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows, holdout_prompts
+from autotune.gate.reference import cached_holdout_reference, cached_reference
 from autotune.gate.result import GateResult
 from autotune.host import num_cores
 from autotune.llamacpp.bench import benchmark_llamacpp
@@ -39,7 +39,7 @@ def run_llamacpp_trial(job: Job, checkpoint: Checkpoint = lambda found: None) ->
     """Build, gate, benchmark (trial/pipeline.py). `job.config` is a DeployConfig of the llamacpp runtime. Expected
     failures (AutotuneError: a type llama.cpp cannot make, a context that cannot be made, no KV room) come back as
     an ERROR result with the reason. `checkpoint` is handed the gate figures before the benchmark."""
-    if job.kind is not JobKind.TRIAL:
+    if job.kind not in (JobKind.TRIAL, JobKind.HOLDOUT):
         return JobResult.error(f"the llama.cpp trial runs trials, not {job.kind.value!r} jobs")
     try:
         return run_trial(job, _LlamaCppStages(job), checkpoint)
@@ -98,6 +98,16 @@ class _LlamaCppStages:
                 return {**cached, **GateResult.from_dict({**cached, **decode}).to_dict()}
             return llamacpp_gate(ctx, self.reference, eval_windows(self.tokenizer, job.eval_positions), prompts,
                                  tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement).to_dict()
+        finally:
+            ctx.close()
+
+    def holdout(self) -> dict:
+        spec = resolve_model(self.job.model)
+        reference = cached_holdout_reference(self.checksum, self.tokenizer, lambda: load_hf_model(spec, "float32"))
+        ctx = self.model.context(self.config, self.threads)
+        try:
+            return llamacpp_decode_check(ctx, reference, holdout_prompts(self.tokenizer), self.job.tie_epsilon,
+                                         self.job.min_agreement)
         finally:
             ctx.close()
 

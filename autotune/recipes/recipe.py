@@ -26,8 +26,8 @@ from autotune.recipes.compute_limit import trial_compute_limit
 from autotune.recipes.signature import canonical_json, content_of, sign, signature_problem
 from autotune.redact import redact
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "seal", "dump_recipe",
-           "write_recipe", "load_recipe", "recipe_checksum", "recipe_dir", "DEFAULT_MAX_SEQ_LEN"]
+__all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "HOLDOUT_ATTR", "holdout_of",
+           "seal", "dump_recipe", "write_recipe", "load_recipe", "recipe_checksum", "recipe_dir", "DEFAULT_MAX_SEQ_LEN"]
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / f"recipe-v{SCHEMA_VERSION}.schema.json"
@@ -85,6 +85,13 @@ class Recipe:
         if gate.get("accepted_marginal"):
             out.append(f"its gate verdict was marginal ({gate.get('decode_verdict')}), accepted by "
                        "--accept-marginal: it may be below the threshold")
+        held = gate.get("holdout") or {}
+        if "reason" in held:
+            out.append("its held-back check (the decode check on prompts no trial saw) could not run: "
+                       + held["reason"])
+        elif held and not held.get("decode_decided", True):
+            out.append(f"its held-back check was undecided at its cap ({held['decode_agreement']:.4f} over "
+                       f"{held['decode_positions']} positions): it may be nearer the threshold than its gate says")
         ran = self.data["metrics"].get("concurrency_peak")
         if ran is not None and ran < self.config.batch_size:
             out.append(f"at most {ran} of its batch of {self.config.batch_size} sequences ran at once (its KV page "
@@ -116,6 +123,15 @@ def recipe_dir(out: str | Path, model: str, hardware: str) -> Path:
     return Path(out) / Path(model).name / hardware
 
 
+# A study attribute per trial: "holdout:<number>", its held-back check (autotune/results/holdout.py). On the study,
+# not the trial, because a finished trial's attributes cannot be changed.
+HOLDOUT_ATTR = "holdout:"
+
+
+def holdout_of(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict | None:
+    return study.user_attrs.get(f"{HOLDOUT_ATTR}{trial.number}")
+
+
 def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_url: str, picks: list[str]) -> dict:
     attrs = study.user_attrs
     bench = trial.user_attrs["bench"]
@@ -142,7 +158,7 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
                     **({"peak_memory_reset": False} if bench.get("peak_memory_reset") is False else {}),
                     # The decode's compute rate against this machine's measured matmul rate (sim/limit.py).
                     **({"compute_limit": limit} if (limit := trial_compute_limit(attrs, trial.user_attrs)) else {})},
-        "gate": trial.user_attrs.get("gate"),
+        "gate": _gate(study, trial),
         # The first speed baseline (as a user loads the model), and every one measured in the study.
         "baseline": {k: v for k, v in baselines[0].items() if k not in ("name", "dtype")} if baselines else None,
         "baselines": baselines,
@@ -166,6 +182,12 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
         versions = trial.user_attrs.get("versions", {})
         recipe["deploy"].update({k: versions[k] for k in SERVER_FIELDS if k in versions})
     return recipe
+
+
+def _gate(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict | None:
+    gate = trial.user_attrs.get("gate")
+    holdout = holdout_of(study, trial)
+    return {**gate, "holdout": holdout} if gate is not None and holdout is not None else gate
 
 
 def _baseline_entry(baseline: dict, bench: dict) -> dict:

@@ -4,13 +4,33 @@ from __future__ import annotations
 
 import optuna
 
-__all__ = ["pareto_trials", "exportable"]
+from autotune.recipes.recipe import holdout_of
+
+__all__ = ["pareto_trials", "exportable", "holdout_failed"]
+
+
+def holdout_failed(record: dict | None) -> bool:
+    """A held-back check (autotune/results/holdout.py) that decided against the build; not one that could not run
+    or was left undecided."""
+    return bool(record) and "reason" not in record and record["decode_decided"] and not record["decode_passed"]
 
 
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Feasible, gate-passing, non-dominated trials (Optuna's best_trials honours the constraints)."""
+    """Feasible, gate-passing, non-dominated trials (Optuna's best_trials honours the constraints), less those that
+    failed their held-back check: the front is then taken again over the rest."""
     best = [t for t in study.best_trials if "duplicate_of" not in t.user_attrs]
+    if any(holdout_failed(holdout_of(study, t)) for t in best):
+        rest = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if "duplicate_of" not in t.user_attrs and exportable(t) and not holdout_failed(holdout_of(study, t))]
+        best = [t for t in rest if not any(_dominates(o, t, study.directions) for o in rest)]
     return sorted(best, key=lambda t: -t.values[0])
+
+
+def _dominates(a: optuna.trial.FrozenTrial, b: optuna.trial.FrozenTrial,
+               directions: list[optuna.study.StudyDirection]) -> bool:
+    signs = [1 if d == optuna.study.StudyDirection.MINIMIZE else -1 for d in directions]
+    pairs = [(s * x, s * y) for s, x, y in zip(signs, a.values, b.values)]
+    return all(x <= y for x, y in pairs) and any(x < y for x, y in pairs)
 
 
 def exportable(trial: optuna.trial.FrozenTrial) -> bool:

@@ -6,6 +6,7 @@ import optuna
 from autotune.config.deploy import DeployConfig
 from autotune.recipes.baselines import study_baselines
 from autotune.recipes.compute_limit import trial_compute_limit
+from autotune.recipes.recipe import holdout_of
 from autotune.results.front import pareto_trials
 
 __all__ = ["pareto_table", "study_summary"]
@@ -18,6 +19,16 @@ def _agreement(gate: dict) -> str:
         return "-"
     # A marginal build on the front is there only by --accept-marginal: the row says so.
     return f"{gate['tie_aware_agreement']:.4f}" + (" marginal" if gate.get("accepted_marginal") else "")
+
+
+def _held(record: dict | None) -> str:
+    """The held-back check's decode agreement (autotune/results/holdout.py): "?" marks a marginal one, "n/r" one
+    that could not run, "-" none yet (the search runs it after its trials)."""
+    if record is None:
+        return "-"
+    if "reason" in record:
+        return "n/r"
+    return f"{record['decode_agreement']:.4f}" + ("" if record["decode_decided"] else "?")
 
 
 def _peak_mb(bench: dict) -> str:
@@ -41,7 +52,7 @@ def pareto_table(study: optuna.Study) -> str:
     baselines = study_baselines(study.user_attrs)
     gain_heads = [f"x{b.get('dtype') or 'base'}" for b in baselines] or ["gain"]
     header = (f"{'trial':>5}  {'configuration':<50} {'tok/s':>7} " + " ".join(f"{h:>7}" for h in gain_heads)
-              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'runs':>4} {'limit':>5}")
+              + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'held':>7} {'runs':>4} {'limit':>5}")
     lines = [header, "-" * len(header)]
     for t in trials:
         b, g = t.user_attrs["bench"], t.user_attrs.get("gate", {})
@@ -54,6 +65,7 @@ def pareto_table(study: optuna.Study) -> str:
         lines.append(f"{t.number:>5}  {label:<50} "
                      f"{b['throughput_tok_s']:>7.1f} " + " ".join(f"{c:>7}" for c in cells)
                      + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7} "
+                     f"{_held(holdout_of(study, t)):>7} "
                      f"{'-' if runs is None else runs:>4} {_limit(study.user_attrs, t.user_attrs):>5}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
@@ -62,6 +74,9 @@ def pareto_table(study: optuna.Study) -> str:
         lines.append(f"baseline {'/'.join(base['names'])}: {base.get('what', 'speed baseline')}, batch "
                      f"{base.get('batch_size', '?')}: {b['throughput_tok_s']:.1f} tok/s, TTFT p50 "
                      f"{b['ttft_p50_ms']:.0f} ms, TPOT p99 {b['tpot_p99_ms']:.1f} ms, {_peak_mb(b).rstrip()} MB")
+    if any(holdout_of(study, t) is not None for t in trials):
+        lines.append("held: decode agreement on held-back prompts no trial's gate read, checked before the recipes "
+                     "were written (? undecided at its cap, n/r could not run)")
     if trials and any(_limit(study.user_attrs, t.user_attrs) != "-" for t in trials):
         lines.append("limit: the decode's compute rate (model FLOPs per output token x tok/s) over the probe's "
                      "matmul rate at that batch x the threads: this machine's arithmetic ceiling")

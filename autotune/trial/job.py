@@ -14,6 +14,7 @@ __all__ = ["Job", "JobKind", "JobResult", "Status"]
 
 class JobKind(str, Enum):
     TRIAL = "trial"  # build, gate (unless the gate figures are given), benchmark
+    HOLDOUT = "holdout"  # build, then the decode check on the held-back prompts alone (autotune/study/holdout.py)
     REFERENCE = "reference"  # the fp32 reference's logits over the evaluation text, cached on disk
     HF_BASELINE = "hf_baseline"  # a speed baseline: transformers' generate, eager, in `baseline_dtype`
 
@@ -84,6 +85,7 @@ class JobResult:
     what: str | None = None
     quant: dict | None = None  # the quantize step: method, layers converted and kept, calibration, sensitivity
     build: dict | None = None  # how the engine runs: its compiled artifact, prepacking, spilling (Engine.build_record)
+    holdout: dict | None = None  # a HOLDOUT job's decode check on the held-back prompts
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

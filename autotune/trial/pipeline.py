@@ -12,7 +12,7 @@ from autotune.gate.cache import store_gate
 from autotune.gate.result import verdict_word
 from autotune.progress import log
 from autotune.trial.gate_key import trial_gate_key
-from autotune.trial.job import Job, JobResult, Status
+from autotune.trial.job import Job, JobKind, JobResult, Status
 
 __all__ = ["TrialStages", "run_trial", "gate_line", "Checkpoint"]
 
@@ -30,6 +30,7 @@ class TrialStages(Protocol):
     - `gate(cached)`: the gate figures (GateResult.to_dict); `cached` is the job's teacher-forced figures of these
       numerics where the study had them, and then only the decode check runs.
     - `bench()`: the benchmark's figures.
+    - `holdout()`: the decode check's figures on the held-back prompts (a HOLDOUT job: no gate, no benchmark).
     - `timing()`: seconds to add to the trial's timing when it ends (the compiler's share).
     - `close()`: free what the build holds; called however the trial ends."""
 
@@ -42,6 +43,8 @@ class TrialStages(Protocol):
     def gate(self, cached: dict | None) -> dict: ...
 
     def bench(self) -> dict: ...
+
+    def holdout(self) -> dict: ...
 
     def timing(self) -> dict: ...
 
@@ -66,6 +69,14 @@ def run_trial(job: Job, stages: TrialStages, checkpoint: Checkpoint) -> JobResul
             return result
         timing = result.timing = {**(result.timing or {}), "build_s": result.build_s}
         t0 = time.perf_counter()
+        if job.kind is JobKind.HOLDOUT:
+            log("  held-back check: the decode check on prompts no trial saw")
+            result.holdout = stages.holdout()
+            timing["holdout_s"] = result.holdout["seconds"] = time.perf_counter() - t0
+            log(f"  held-back: decode {result.holdout['decode_agreement']:.4f} over "
+                f"{result.holdout['decode_positions']} positions, {result.holdout['decode_verdict']}")
+            timing.update(stages.timing())
+            return result
         gate = stages.gate(job.gate)
         timing["gate_s"] = gate["seconds"] = time.perf_counter() - t0
         cached = job.gate is not None

@@ -20,8 +20,8 @@ from autotune.engine.compiler_cache import compile_seconds, compiler_cache_count
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
 from autotune.gate.cache import reference_path
-from autotune.gate.corpus import bench_prompts, decode_prompts, eval_set_digest, eval_windows
-from autotune.gate.reference import cached_reference
+from autotune.gate.corpus import bench_prompts, decode_prompts, eval_set_digest, eval_windows, holdout_prompts
+from autotune.gate.reference import cached_holdout_reference, cached_reference
 from autotune.models.registry import ModelSpec, resolve_model
 from autotune.models.weights import auto_dtype, load_hf_model, load_tokenizer, model_checksum
 from autotune.progress import log
@@ -88,9 +88,7 @@ class _EngineStages:
         ref = cached_reference(self.checksum, self.tokenizer, job.eval_positions,
                                lambda: load_hf_model(self.spec, "float32"))
         prompts = decode_prompts(self.tokenizer, eval_positions=job.eval_positions)
-        # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
-        shapes = dict(max_seq_len=self.workload.max_seq_len,
-                      pool_tokens=self.config.batch_size * self.workload.max_seq_len)
+        shapes = self._shapes()
         if cached is not None:
             log("  gate: teacher-forced figures of these numerics cached; decode check through this configuration")
             decode = decode_check(self.engine, ref, prompts, job.tie_epsilon, job.min_agreement, **shapes)
@@ -98,6 +96,16 @@ class _EngineStages:
         log("  gate: teacher-forced agreement with the fp32 reference, then through the decode path")
         return evaluate_gate(self.engine, ref, eval_windows(self.tokenizer, job.eval_positions), prompts,
                              tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement, **shapes).to_dict()
+
+    def _shapes(self) -> dict:
+        # The benchmark's runner shapes: the decode graphs compiled here are the ones the benchmark runs.
+        return dict(max_seq_len=self.workload.max_seq_len,
+                    pool_tokens=self.config.batch_size * self.workload.max_seq_len)
+
+    def holdout(self) -> dict:
+        ref = cached_holdout_reference(self.checksum, self.tokenizer, lambda: load_hf_model(self.spec, "float32"))
+        return decode_check(self.engine, ref, holdout_prompts(self.tokenizer), self.job.tie_epsilon,
+                            self.job.min_agreement, **self._shapes())
 
     def bench(self) -> dict:
         job, workload = self.job, self.workload
@@ -159,7 +167,8 @@ def dominated_cut(front: list[dict]):
     return cut
 
 
-_HANDLERS = {JobKind.TRIAL: _trial, JobKind.REFERENCE: _reference, JobKind.HF_BASELINE: _hf_baseline}
+_HANDLERS = {JobKind.TRIAL: _trial, JobKind.HOLDOUT: _trial, JobKind.REFERENCE: _reference,
+             JobKind.HF_BASELINE: _hf_baseline}
 
 
 def _no_checkpoint(partial: dict) -> None:
