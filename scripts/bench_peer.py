@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -37,13 +38,15 @@ from autotune.models.registry import resolve_model  # noqa: E402
 from autotune.models.weights import load_tokenizer, model_checksum  # noqa: E402
 from autotune.recipes.recipe import load_recipe  # noqa: E402
 
-RECIPES = "recipes/smollm2-135m/cpu-amd-epyc-avx512bf16-2c"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_record import compare, machine, spread, write  # noqa: E402
+from bench_tables import peer_table  # noqa: E402
+
+RECIPES = "recipes/smollm2-135m/cpu-intel-xeon-processor-intel-f6m167-amx-2c"
 
 
 def _best_recipe(folder: str) -> str:
     """The recipe of highest measured throughput in the folder (a name-by-digest file, not an alias)."""
-    from pathlib import Path
-
     paths = sorted(p for p in Path(folder).glob("*.yaml") if not p.stem.startswith(("best-", "smallest-")))
     return str(max(paths, key=lambda p: load_recipe(p).data["metrics"]["throughput_tok_s"]))
 
@@ -192,30 +195,28 @@ def main() -> int:
     finally:
         for w in workers:
             w.close()
-    _table(workers, figures, dict(rows), not args.no_ours)
-    return 0
+    from autotune.backends import get_backend
 
-
-def _table(workers: list[_Worker], figures: dict[str, list[dict]], configs: dict[str, DeployConfig],
-           ours: bool) -> None:
-    med = {label: {k: statistics.median(f[k] for f in runs) for k, v in runs[0].items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)} for label, runs in figures.items()}
-    ref = med["ours"]["throughput_tok_s"] if ours else None
-    print()
-    print("| engine | configuration | tok/s (runs) | TTFT p50 ms | TPOT p50 ms | TPOT p99 ms | peak MB | vs ours "
-          "| gate (tie-aware / decode) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    fingerprint = get_backend("cpu").fingerprint()
+    configs = dict(rows)
+    ours = figures.get("ours")
+    engines = {}
     for w in workers:
-        m, runs = med[w.label], figures[w.label]
-        what = configs[w.label].label() if w.label in configs else "recipe"
-        gate = w.header.get("gate")
-        gate_text = (f"{gate['tie_aware_agreement']:.4f} / {gate['decode_agreement'] or 0:.4f} "
-                     f"{'pass' if gate['passed'] else 'FAIL'}" if gate else "-")
-        ratio = f"{m['throughput_tok_s'] / ref:.2f}" if ref else "-"
-        each = ", ".join(f"{f['throughput_tok_s']:.0f}" for f in runs)
-        print(f"| {w.label} | {what} | {m['throughput_tok_s']:.1f} ({each}) "
-              f"| {m['ttft_p50_ms']:.0f} | {m['tpot_p50_ms']:.1f} | {m['tpot_p99_ms']:.1f} | {m['peak_memory_mb']:.0f} "
-              f"| {ratio} | {gate_text} |")
+        runs = [f["throughput_tok_s"] for f in figures[w.label]]
+        engine = {"configuration": configs[w.label].label() if w.label in configs else
+                  f"recipe {recipe.config.label()}", "throughput": spread(runs), "runs": figures[w.label],
+                  "gate": w.header.get("gate")}
+        if ours is not None and w.label != "ours":
+            mine = [f["throughput_tok_s"] for f in ours]
+            engine["ours_ratio"] = round(statistics.median(mine) / statistics.median(runs), 3)
+            engine["order"] = compare(mine, runs)
+        engines[w.label] = engine
+    record = {"kind": "peer", "machine": machine(fingerprint), "recipe": {"path": recipe_path, "model": recipe.model,
+              "label": recipe.config.label()}, "workload": recipe.data["workload"], "threads": threads,
+              "rounds": figures, "engines": engines}
+    write(f"bench_peer-{Path(recipe.model).name}-{fingerprint['hardware']}", record)
+    print(peer_table(record))
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,6 +49,10 @@ from autotune.recipes.target import place  # noqa: E402
 from autotune.serve.app import engine_for  # noqa: E402
 from autotune.serve.loadtest import format_table, run_loadtest  # noqa: E402
 from autotune.trial.job import Job, JobKind  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_record import compare, machine, spread, write  # noqa: E402
+from bench_tables import serve_table  # noqa: E402
 
 
 def _offline_worker(recipe: Recipe) -> int:
@@ -153,11 +158,25 @@ class _Version:
         self.offline_runs: list[dict] = []
         self.served_runs: list[dict] = []
         self.engine: list[str] = []
+        self.start_s: float | None = None
 
     def start_server(self, recipe: str) -> None:
         started = time.perf_counter()
         self.server = _serve(recipe, self.port, self.tree, f"serve {self.name}")
-        print(f"{self.name} server up in {time.perf_counter() - started:.0f} s", flush=True)
+        self.start_s = time.perf_counter() - started
+        print(f"{self.name} server up in {self.start_s:.0f} s", flush=True)
+
+    def record(self) -> dict:
+        """Every run of this version, the medians and ranges, and the order its rounds allow (bench_record)."""
+        off = [o["throughput_tok_s"] for o in self.offline_runs]
+        on = [s["throughput_tok_s"] for s in self.served_runs]
+        return {"tree": self.tree or "this checkout", "offline": spread(off), "served": spread(on),
+                "ratio": round(statistics.median(on) / statistics.median(off), 3),
+                "round_ratios": [round(b / a, 3) for a, b in zip(off, on)], "order": compare(on, off),
+                "tpot_p50_ms": {"offline": statistics.median(o["tpot_p50_ms"] for o in self.offline_runs),
+                                "served": statistics.median(s["tpot_ms"]["p50"] for s in self.served_runs)},
+                "server_start_s": self.start_s, "engine_per_served_run": self.engine,
+                "offline_runs": self.offline_runs, "served_runs": self.served_runs}
 
     def run(self, kind: str, config, workload: Workload, prompts: list[str]) -> float:
         if kind == "offline":
@@ -243,7 +262,7 @@ def main() -> int:
             for v, kind in (order if r % 2 == 0 else order[::-1]):
                 figure = v.run(kind, config, workload, prompts)
                 print(f"round {r + 1}/{args.rounds} {v.name} {kind}: {figure:.1f} tok/s", flush=True)
-        table = ""
+        table, levels_run = "", None
         if args.levels:
             print(f"load test at {args.levels}", flush=True)
             # The loadtest's own prompts: 64 of the workload's lengths, as `autotune loadtest` sends them.
@@ -254,8 +273,9 @@ def main() -> int:
                     v.offline.close()
                     v.offline = None
             levels = [int(x) for x in args.levels.split(",")]
-            table = format_table(run_loadtest(f"http://127.0.0.1:{args.port}", table_prompts, levels, None,
-                                              workload.output_tokens))
+            levels_run = run_loadtest(f"http://127.0.0.1:{args.port}", table_prompts, levels, None,
+                                      workload.output_tokens)
+            table = format_table(levels_run)
     finally:
         for v in versions:
             v.close()
@@ -273,6 +293,16 @@ def main() -> int:
     if table:
         print()
         print(table)
+    fingerprint = get_backend("cpu").fingerprint()
+    record = {"kind": "serve", "machine": machine(fingerprint), "recipe": {
+        "path": str(recipe.path), "model": recipe.model, "label": config.label(), "build": (recipe.data.get(
+            "deploy") or {}).get("build")}, "workload": recipe.data["workload"],
+        "rounds": {name: {"offline": v.offline_runs, "served": v.served_runs} for name, v in
+                   ((v.name, v) for v in versions)},
+        "versions": {v.name: v.record() for v in versions}, "trial": trial,
+        "loadtest": levels_run["levels"] if levels_run else None}
+    write(f"bench_serve-{Path(recipe.model).name}-{fingerprint['hardware']}", record)
+    print(serve_table(record))
     return 0
 
 

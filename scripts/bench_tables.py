@@ -1,0 +1,117 @@
+"""The markdown tables the docs quote, rendered from the benchmark records under docs/data/ alone: each script
+prints its table from the record it has just written, and tests/test_docs_tables.py renders every record a page
+marks (`<!-- data: docs/data/NAME.json -->` on the line before a table) and checks that the page holds exactly
+that. A figure in those tables is therefore never copied by hand.
+
+Orders ("faster", "lower") are stated only where no round of one overlaps a round of the other (bench_record.
+compare); otherwise "within noise"."""
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["render", "search_table", "serve_table", "peer_table", "startup_table"]
+
+
+def _range(s: dict, fmt: str = ".1f") -> str:
+    return f"{s['median']:{fmt}} ({s['min']:{fmt}}-{s['max']:{fmt}})"
+
+
+def _median(runs: list[dict], key: str, sub: str | None = None) -> float:
+    return statistics.median(r[key][sub] if sub else r[key] for r in runs)
+
+
+def _order(word: str, better: str, worse: str) -> str:
+    return {"higher": better, "lower": worse}.get(word, "within noise")
+
+
+def search_table(record: dict) -> str:
+    """bench_search.py's side-by-side rounds: each baseline and the best found, medians (throughput with its
+    range), and the best's ratio to each baseline with the order its rounds allow."""
+    labels = [b["label"] for b in record["baselines"]]
+    names = {b["label"]: f"transformers `generate` {b['dtype']}, batch {b['batch_size']}" for b in record["baselines"]}
+    head = ["figure", *(names[label] for label in labels), f"best found: {record['best']['label']}",
+            *(f"best / {names[label].removeprefix('transformers `generate` ')}" for label in labels)]
+    rows = [head, ["---"] * len(head)]
+    tput = record["throughput"]
+    rows.append(["throughput (tok/s), median (range)", *(_range(tput[label]) for label in labels),
+                 _range(tput["candidate"]),
+                 *(f"**{record['ratios'][label]:.2f}x** {_order(record['order'][label], 'faster', 'slower')}"
+                   for label in labels)])
+    for key, name, fmt in (("ttft_p50_ms", "TTFT p50 (ms), median", ".0f"), ("tpot_p50_ms", "TPOT p50 (ms), median",
+                                                                            ".1f"),
+                           ("peak_memory_mb", "peak memory (MB), median", ".0f")):
+        best = _median(record["rounds"]["candidate"], key)
+        base = [_median(record["rounds"][label], key) for label in labels]
+        rows.append([name, *(f"{b:{fmt}}" for b in base), f"{best:{fmt}}", *(f"{best / b:.2f}x" for b in base)])
+    return _markdown(rows)
+
+
+def search_summary(record: dict) -> str:
+    """How the search behind a bench_search record spent its budget, in one line."""
+    s = record["search"]
+    stop = s["stopped_by"]
+    used = f"{stop['used_s']:.0f} of {stop['budget_s']:.0f} s" if stop.get("used_s") is not None else "-"
+    return (f"search: {used} used; stopped by {stop['rule']}: {stop['reason']}; {s['trials']} trials, "
+            f"{s['not_run']} picks not run, {s['repeats_skipped']} repeats; fusion levels "
+            f"{', '.join(s['fusion_levels'])}; quantization {', '.join(s['quant_schemes'])}")
+
+
+def serve_table(record: dict) -> str:
+    """bench_serve.py: the offline benchmark and the served run of one recipe, each version, side by side."""
+    rows = [["version", "offline tok/s, median (range)", "served tok/s, median (range)", "served / offline",
+             "ratio per round", "TPOT p50 offline / served (ms)", "served against offline"], ["---"] * 7]
+    for name, v in record["versions"].items():
+        rows.append([f"{name} ({v['tree']})", _range(v["offline"]), _range(v["served"]), f"**{v['ratio']:.2f}**",
+                     ", ".join(f"{r:.2f}" for r in v["round_ratios"]),
+                     f"{v['tpot_p50_ms']['offline']:.1f} / {v['tpot_p50_ms']['served']:.1f}",
+                     _order(v["order"], "higher", "lower")])
+    table = _markdown(rows)
+    if record.get("loadtest"):
+        table += "\n\n" + _loadtest(record["loadtest"])
+    return table
+
+
+def _loadtest(levels: list[dict]) -> str:
+    rows = [["concurrency", "requests", "tok/s", "TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms", "errors"],
+            ["---"] * 7]
+    rows += [[str(lv["concurrency"]), str(lv["requests"]), f"{lv['throughput_tok_s']:.1f}",
+              f"{lv['ttft_ms']['p50']:.0f}", f"{lv['tpot_ms']['p50']:.1f}", f"{lv['tpot_ms']['p99']:.1f}",
+              str(lv["errors"])] for lv in levels]
+    return _markdown(rows)
+
+
+def peer_table(record: dict) -> str:
+    """bench_peer.py: our recipe and llama.cpp's configurations, each engine in its own process, medians."""
+    ours = record["engines"].get("ours")
+    rows = [["engine", "configuration", "tok/s, median (range)", "TTFT p50 ms", "TPOT p50 ms", "peak MB",
+             "ours / this", "ours against this", "gate (tie-aware / decode)"], ["---"] * 9]
+    for name, e in record["engines"].items():
+        gate = e.get("gate")
+        gate_text = (f"{gate['tie_aware_agreement']:.4f} / {gate['decode_agreement'] or 0:.4f} "
+                     f"{'pass' if gate['passed'] else 'FAIL'}" if gate else "-")
+        rows.append([name, e["configuration"], _range(e["throughput"]), f"{_median(e['runs'], 'ttft_p50_ms'):.0f}",
+                     f"{_median(e['runs'], 'tpot_p50_ms'):.1f}", f"{_median(e['runs'], 'peak_memory_mb'):.0f}",
+                     "-" if ours is None or name == "ours" else f"{e['ours_ratio']:.2f}x",
+                     "-" if ours is None or name == "ours" else _order(e["order"], "faster", "slower"), gate_text])
+    return _markdown(rows)
+
+
+def startup_table(record: dict) -> str:
+    """bench_startup.py: `autotune serve` from launch to its first answer to /health, per kind of start."""
+    rows = [["start", "what it does", "seconds to ready, median (range)", "rounds (s)"], ["---"] * 4]
+    for kind in record["kinds"]:
+        s = record["seconds"][kind["name"]]
+        rows.append([kind["name"], kind["what"], _range(s), ", ".join(f"{x:.1f}" for x in s["rounds"])])
+    return _markdown(rows)
+
+
+def _markdown(rows: list[list[str]]) -> str:
+    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
+
+
+_RENDERERS = {"search": search_table, "serve": serve_table, "peer": peer_table, "startup": startup_table}
+
+
+def render(record: dict) -> str:
+    """The table a page quotes for this record (its kind: the script that wrote it)."""
+    return _RENDERERS[record.get("kind", "search")](record)
