@@ -13,6 +13,17 @@ ROOT="${AUTOTUNE_CACHE:-$HOME/.cache/autotune}/llamacpp/$VERSION"
 # GGML_NATIVE: the kernels this CPU has (AVX-512, VNNI, BF16), as a deployment on it would build them.
 # LLAVA_BUILD=OFF: no multimodal library, which a text model never loads and which costs build minutes.
 FLAGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
+# NO_AMX=1: this CPU's instructions but AMX's, named one by one (-march=native would enable the AMX tile kernels).
+# Where a KVM guest reports AMX but its tile configuration faults (ldtilecfg: SIGSEGV, seen on a 2-core Xeon guest
+# reporting family 6 model 167), every quantized matmul of llama.cpp would crash.
+if [ "${NO_AMX:-0}" = 1 ]; then
+    FLAGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
+    has() { grep -qw "$1" /proc/cpuinfo; }
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
+                avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+        has "${pair%%:*}" && FLAGS="$FLAGS -DGGML_${pair##*:}=ON"
+    done
+fi
 mkdir -p "$ROOT/src" "$ROOT/bin"
 start=$(date +%s)
 
