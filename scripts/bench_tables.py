@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["render", "search_table", "serve_table", "peer_table", "startup_table"]
+__all__ = ["render", "header", "search_block", "search_table", "search_summary", "serve_table", "peer_table",
+           "startup_table", "trials_table"]
 
 
 def _range(s: dict, fmt: str = ".1f") -> str:
@@ -105,13 +106,52 @@ def startup_table(record: dict) -> str:
     return _markdown(rows)
 
 
+def trials_table(record: dict) -> str:
+    """study_trials.py: a study's trials in order, each one's outcome and wall time against its prediction."""
+    rows = [["trial", "chosen by", "configuration", "outcome", "took s (predicted)"], ["---"] * 5]
+    for t in record["rounds"]:
+        if "throughput_tok_s" in t:
+            outcome = f"{t['throughput_tok_s']:.1f} tok/s"
+        elif "duplicate_of" in t:
+            outcome = f"repeat of trial {t['duplicate_of']}"
+        else:
+            outcome = t.get("reason") or t["state"].lower()
+        took = "-" if t.get("took_s") is None else f"{t['took_s']:.0f}" + (
+            "" if t.get("predicted_s") is None else f" ({t['predicted_s']:.0f})")
+        rows.append([str(t["number"]), t["role"], t.get("label") or "-", outcome, took])
+    return _markdown(rows)
+
+
 def _markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
 
-_RENDERERS = {"search": search_table, "serve": serve_table, "peer": peer_table, "startup": startup_table}
+def header(record: dict) -> str:
+    """Where and how a record was measured: the machine (CPU model, family/model, ISA level, restrictions, flags),
+    the command and the commit."""
+    m = record["machine"]
+    sig = m.get("cpu_signature") or {}
+    caps = m.get("isa_caps") or {}
+    where = (f"{m.get('cpu', '?')}, family {sig.get('family', '?')} model {sig.get('model', '?')} "
+             f"({m.get('microarch', '?')}), {m.get('cores', '?')} cores, ISA level {m.get('isa_level', '?')}"
+             + (f", restricted by {' '.join(f'{k}={v}' for k, v in caps.items())}" if caps else "")
+             + f"; flags {' '.join(m.get('isa_flags') or [])}: class `{m.get('hardware', '?')}`")
+    return f"machine: {where}  \ncommand: `{record['command']}` at commit {record['commit']}, {record['date']}"
+
+
+def search_block(record: dict) -> str:
+    """bench_search.py's record: how its search spent the budget, the best and its compute limit, and the rounds."""
+    best = record["best"]
+    limit = best.get("compute_limit")
+    limit_text = (f"; limit fraction {limit['fraction']:.2f} ({limit['achieved_gflops']:.1f} of "
+                  f"{limit['ceiling_gflops']:.1f} GFLOP/s: {limit['how']})" if limit else "")
+    return f"{search_summary(record)}  \nbest: {best['label']}{limit_text}\n\n{search_table(record)}"
 
 
 def render(record: dict) -> str:
-    """The table a page quotes for this record (its kind: the script that wrote it)."""
-    return _RENDERERS[record.get("kind", "search")](record)
+    """What a page quotes for this record (its kind: the script that wrote it): its header, then its table."""
+    return header(record) + "\n\n" + _RENDERERS[record.get("kind", "search")](record)
+
+
+_RENDERERS = {"search": search_block, "serve": serve_table, "peer": peer_table, "startup": startup_table,
+              "trials": trials_table}

@@ -11,6 +11,7 @@ import torch
 from autotune.config.deploy import DeployConfig
 from autotune.engine import Request, build_engine
 from autotune.gate.corpus import bench_prompts
+from autotune.recipes.recipe import load_recipe
 
 pytestmark = pytest.mark.e2e
 
@@ -79,6 +80,12 @@ def test_search_end_to_end_with_resume(tmp_path):
     assert "tok/s" in first.stdout and "recipe:" in first.stdout
     study = optuna.load_study(study_name="e2e", storage=storage)
     assert len(study.trials) == 1 and study.trials[0].user_attrs["gate"]["passed"]
+    # Before its recipes were written, the front's one point was rebuilt and decoded on the held-back prompts.
+    held = study.user_attrs["holdout:0"]
+    assert held["decode_positions"] >= 1536 and held["decode_passed"], held
+    assert "held-back check of 1 front configuration" in first.stdout + first.stderr
+    (recipe,) = (tmp_path / "r").rglob("best-throughput.yaml")
+    assert load_recipe(recipe).data["gate"]["holdout"]["decode_agreement"] == held["decode_agreement"]
     # The space names no dtype: the backend fixed it at the CPU's fastest plain precision (fp32 on AVX2).
     dtype = study.trials[0].params["dtype"]
     assert dtype == study.user_attrs["capabilities"]["precisions"][0]["name"]
@@ -94,3 +101,4 @@ def test_search_end_to_end_with_resume(tmp_path):
     assert w8a8.state == optuna.trial.TrialState.PRUNED, w8a8.user_attrs
     assert "bench" not in w8a8.user_attrs and w8a8.user_attrs["gate"]["tie_aware_agreement"] < 0.995
     assert all(t.number == 0 for t in study.best_trials)
+    assert "held-back check of" not in second.stdout + second.stderr  # stored with the study: not run again

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.backends.base import Backend
 from autotune.backends.cpu import CpuBackend
+from autotune.cli import main
 from autotune.config.deploy import DeployConfig
 from autotune.gate.cache import holdout_reference_path
 from autotune.gate.corpus import EVAL_FILE, PROMPT_FILES, _ids, decode_prompts, holdout_prompts
@@ -19,6 +19,7 @@ from autotune.results.holdout import holdout_verdict, recheck_front
 from autotune.results.tables import pareto_table
 from autotune.trial.job import Job, JobKind, JobResult, Status
 from tests.recipe_factory import GATE, TINY_WORKLOAD, bench, config, make_study
+from tests.test_study import ScriptedBackend
 
 COMMON = dict(model="m", workload=TINY_WORKLOAD, min_agreement=0.995, tie_epsilon=0.05)
 
@@ -37,22 +38,14 @@ def test_held_back_prompts_share_no_span_with_any_text_the_gate_reads(smollm2_fo
     assert len({tuple(p) for p in held}) == len(held)
 
 
-class HoldoutBackend(Backend):
+class HoldoutBackend(ScriptedBackend):
     """Answers held-back checks by batch size: `fail` decided against, `error` could not run, the rest pass."""
 
     name = "cpu"
 
     def __init__(self, fail=(), error=()) -> None:
-        self.fail, self.error, self.jobs = set(fail), set(error), []
-
-    def unavailable(self):
-        return None
-
-    def adapt_space(self, space):
-        return space
-
-    def fingerprint(self):
-        return {"hardware": "test-machine"}
+        super().__init__()
+        self.fail, self.error = set(fail), set(error)
 
     def run(self, job, timeout_s):
         self.jobs.append(job)
@@ -140,3 +133,11 @@ def test_the_held_back_check_rebuilds_and_decodes_the_unseen_prompts(tiny_model_
     # fp32 against the fp32 reference on the peaked model: the same tokens, decided at the first stage.
     assert held["decode_agreement"] > 0.995 and held["decode_passed"] and held["decode_decided"]
     assert holdout_reference_path(model_checksum(resolve_model(str(tiny_model_folder)))).is_file()
+
+
+def test_export_names_the_front_points_without_a_held_back_check(tmp_path, tiny_model_folder, capsys):
+    study, url = make_study(tmp_path, tiny_model_folder, tmp_path, points=_points())
+    recheck_front(study, HoldoutBackend(), COMMON)  # the front of three checked...
+    study.set_user_attr("holdout:2", None)  # ...but one
+    assert main(["export", "--study", "tiny-cpu", "--storage", url, "--out", str(tmp_path / "r")]) == 0
+    assert "front trial(s) 2 have no held-back check" in capsys.readouterr().out

@@ -5,10 +5,11 @@ import argparse
 
 from autotune.cli.args import positive
 from autotune.errors import UserInputError
-from autotune.recipes.recipe import load_recipe
+from autotune.recipes.recipe import holdout_of, load_recipe
 from autotune.recipes.signature import read_key
-from autotune.recipes.verify import verify
+from autotune.recipes.verify import DEFAULT_TOLERANCE, verify
 from autotune.results.export import write_recipes
+from autotune.results.front import pareto_trials
 from autotune.results.tables import study_summary
 from autotune.serve import serve_forever
 from autotune.serve.guard import API_KEY_ENV, Access
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     v = sub.add_parser("verify", help="re-measure a recipe here: does it still hold?")
     v.add_argument("recipe")
-    v.add_argument("--tolerance", type=float, default=0.10, help="allowed worsening of each figure (default 0.10)")
+    v.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"allowed worsening of each figure (default {DEFAULT_TOLERANCE})")
     v.add_argument("--repeats", type=positive(int), default=None, help="timed runs (default: the recipe's)")
     v.add_argument("--timeout", type=positive(float), default=1800.0, help="seconds for the rebuild and benchmark")
     v.add_argument("--force", action="store_true", help="accept a recipe that fails its checksum or schema")
@@ -63,6 +65,10 @@ def _export(args: argparse.Namespace) -> int:
     if "model" not in study.user_attrs or "hardware" not in study.user_attrs:
         raise UserInputError(f"study {args.study!r} was not made by autotune search (no model or hardware attributes)")
     print(study_summary(study))
+    unchecked = [t.number for t in pareto_trials(study) if holdout_of(study, t) is None]
+    if unchecked and study.user_attrs.get("measured", True):
+        print(f"note: front trial(s) {', '.join(map(str, unchecked))} have no held-back check (the decode check on "
+              "prompts no trial saw): `autotune search` on this study runs it after its trials")
     written = write_recipes(study, args.out, url, key=read_key(args.sign) if args.sign else None)
     if not written:
         raise UserInputError(f"study {args.study!r} has no feasible, gate-passing trial yet: nothing to export")

@@ -22,7 +22,11 @@ from autotune.recipes.signature import read_key
 from autotune.recipes.target import Placement, place
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
-__all__ = ["verify", "Check", "compare", "fingerprint_differences"]
+__all__ = ["verify", "Check", "compare", "fingerprint_differences", "DEFAULT_TOLERANCE"]
+
+# How much worse than recorded a re-measured figure may be: `verify --tolerance`'s default, and what a packaged
+# build's first start (autotune/serve/first_start.py) holds its own figures to.
+DEFAULT_TOLERANCE = 0.10
 
 # (metric, better direction): a figure fails only when it is worse than recorded by more than the tolerance.
 _FIGURES = (("throughput_tok_s", "higher"), ("ttft_p50_ms", "lower"), ("ttft_p99_ms", "lower"),

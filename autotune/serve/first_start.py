@@ -23,11 +23,12 @@ from autotune.models.weights import load_hf_model, model_checksum
 from autotune.paths import write_atomic
 from autotune.progress import log
 from autotune.recipes.recipe import Recipe
+from autotune.recipes.verify import DEFAULT_TOLERANCE
 
 __all__ = ["CHECK", "TOLERANCE", "check_packaged", "measure_packaged", "differences"]
 
 CHECK = "check.json"
-TOLERANCE = 0.10  # as `autotune verify`'s default: a figure may be this much worse than the recipe's spread
+TOLERANCE = DEFAULT_TOLERANCE  # as `autotune verify`'s: a figure may be this much worse than the recipe's spread
 
 
 def measure_packaged(engine: Engine, recipe: Recipe, tokenizer, base_rss: int) -> dict:
