@@ -160,7 +160,8 @@ def _context(path, **knobs):
     from autotune.llamacpp.engine import LlamaCppModel
 
     model = LlamaCppModel(path)
-    return model, model.context(DeployConfig(runtime="llamacpp", batch_size=4, **{"n_ctx": 2048, **knobs}), threads=1)
+    return model, model.context(DeployConfig(runtime="llamacpp", **{"batch_size": 4, "n_ctx": 2048, **knobs}),
+                                threads=1)
 
 
 def test_f32_logits_are_transformers_logits(gguf_folder, tiny):
@@ -184,7 +185,8 @@ def test_f32_logits_are_transformers_logits(gguf_folder, tiny):
 def test_continuous_batching_keeps_each_sequence_its_own(gguf_folder):
     from autotune.engine.sequence import Request
 
-    model, ctx = _context(gguf_folder / "model-f32.gguf", parallel=2, n_batch=32, n_ubatch=32)
+    # Two sequences at once (llama.cpp's --parallel is the configuration's batch size).
+    model, ctx = _context(gguf_folder / "model-f32.gguf", batch_size=2, n_batch=32, n_ubatch=32)
     try:
         prompts = [list(range(200 + 7 * i, 240 + 5 * i)) for i in range(5)]  # 40..60 tokens: prompts chunked by 32
         together = ctx.run([Request(p, 6, min_new_tokens=6) for p in prompts])
