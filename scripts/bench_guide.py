@@ -26,11 +26,11 @@ import sys
 import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 from optuna._hypervolume import compute_hypervolume  # noqa: E402 - the same hypervolume Optuna's samplers use
 
+from autotune.backends import get_backend  # noqa: E402
 from autotune.backends.base import Backend  # noqa: E402
 from autotune.config.deploy import DeployConfig  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
@@ -44,6 +44,10 @@ from autotune.study.loop import run_search  # noqa: E402
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler  # noqa: E402
 from autotune.study.setup import enqueue_baseline  # noqa: E402
 from autotune.trial.job import JobResult, Status  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_record import machine, write  # noqa: E402
+from bench_tables import guide_table  # noqa: E402
 
 METRICS = ("throughput_tok_s", "tpot_p99_ms", "peak_memory_mb")
 PASSING = {"none", "w8a16"}
@@ -171,6 +175,7 @@ def main() -> int:
     workload = Workload()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rows: dict[tuple[bool, int], list[tuple[float, float]]] = {}
+    per_seed: list[dict] = []
     with tempfile.TemporaryDirectory() as folder:  # the studies' own log goes to stderr
         for seed in range(args.seeds):
             backend = TruthBackend(seed, args.model, workload)
@@ -187,6 +192,8 @@ def main() -> int:
                     share = scale.hypervolume(tried) / front_hv
                     top = max((t["throughput_tok_s"] for t in tried), default=0.0) / best
                     rows.setdefault((guided, n), []).append((share, top))
+                    per_seed.append({"seed": seed, "arm": "guided" if guided else "unguided", "trials": n,
+                                     "hypervolume_share": round(share, 4), "best_throughput_share": round(top, 4)})
             print(f"seed {seed}: " + ", ".join(
                 f"{'guided' if g else 'unguided'}@{n} hv {rows[(g, n)][-1][0]:.3f} best {rows[(g, n)][-1][1]:.3f}"
                 for g in (True, False) for n in args.at), flush=True)
@@ -200,6 +207,11 @@ def main() -> int:
     for n in args.at:
         wins = sum(g[0] > u[0] for g, u in zip(rows[(True, n)], rows[(False, n)]))
         print(f"at {n} trials the guided search has the larger hypervolume in {wins} of {args.seeds} seeds")
+    fingerprint = get_backend("cpu").fingerprint()
+    record = {"kind": "guide", "machine": machine(fingerprint), "model": args.model, "sampler": args.sampler,
+              "seeds": args.seeds, "trials": args.trials, "at": args.at, "rounds": per_seed}
+    write(f"bench_guide-{args.model}-{fingerprint['hardware']}", record)
+    print(guide_table(record))
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["render", "header", "search_block", "search_table", "search_summary", "serve_table", "peer_table",
-           "startup_table", "trials_table"]
+           "startup_table", "trials_table", "guide_table"]
 
 
 def _range(s: dict, fmt: str = ".1f") -> str:
@@ -122,6 +122,27 @@ def trials_table(record: dict) -> str:
     return _markdown(rows)
 
 
+def guide_table(record: dict) -> str:
+    """bench_guide.py: guided against unguided searches of the default space on synthetic machines, per seed; the
+    medians and ranges of each arm, and in how many seeds the guided one found the larger hypervolume."""
+    rows = [["arm", "trials", "hypervolume share, median [min, max]", "best throughput share, median [min, max]"],
+            ["---"] * 4]
+    runs = record["rounds"]
+    for n in record["at"]:
+        for arm in ("guided", "unguided"):
+            mine = [r for r in runs if r["arm"] == arm and r["trials"] == n]
+            hv, top = [r["hypervolume_share"] for r in mine], [r["best_throughput_share"] for r in mine]
+            rows.append([arm, str(n), f"{statistics.median(hv):.3f} [{min(hv):.3f}, {max(hv):.3f}]",
+                         f"{statistics.median(top):.3f} [{min(top):.3f}, {max(top):.3f}]"])
+    lines = []
+    for n in record["at"]:
+        by_seed = {(r["seed"], r["arm"]): r["hypervolume_share"] for r in runs if r["trials"] == n}
+        seeds = sorted({seed for seed, _ in by_seed})
+        wins = sum(by_seed[(s, "guided")] > by_seed[(s, "unguided")] for s in seeds)
+        lines.append(f"at {n} trials the guided search found the larger hypervolume in {wins} of {len(seeds)} seeds")
+    return _markdown(rows) + "\n\n" + "; ".join(lines)
+
+
 def _markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -154,4 +175,4 @@ def render(record: dict) -> str:
 
 
 _RENDERERS = {"search": search_block, "serve": serve_table, "peer": peer_table, "startup": startup_table,
-              "trials": trials_table}
+              "trials": trials_table, "guide": guide_table}
