@@ -29,6 +29,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from autotune.backends import get_backend  # noqa: E402
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, rss_bytes, trim_heap  # noqa: E402
 from autotune.config.deploy import DeployConfig  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
@@ -195,8 +196,6 @@ def main() -> int:
     finally:
         for w in workers:
             w.close()
-    from autotune.backends import get_backend
-
     fingerprint = get_backend("cpu").fingerprint()
     configs = dict(rows)
     ours = figures.get("ours")
@@ -208,7 +207,7 @@ def main() -> int:
                   "gate": w.header.get("gate")}
         if ours is not None and w.label != "ours":
             mine = [f["throughput_tok_s"] for f in ours]
-            engine["ours_ratio"] = round(statistics.median(mine) / statistics.median(runs), 3)
+            engine["ours_ratio"] = round(statistics.median(mine) / engine["throughput"]["median"], 3)
             engine["order"] = compare(mine, runs)
         engines[w.label] = engine
     record = {"kind": "peer", "machine": machine(fingerprint), "recipe": {"path": recipe_path, "model": recipe.model,

@@ -167,7 +167,8 @@ class _Version:
         print(f"{self.name} server up in {self.start_s:.0f} s", flush=True)
 
     def record(self) -> dict:
-        """Every run of this version, the medians and ranges, and the order its rounds allow (bench_record)."""
+        """This version's medians and ranges and the order its rounds allow (bench_record); its runs are the
+        record's `rounds`."""
         off = [o["throughput_tok_s"] for o in self.offline_runs]
         on = [s["throughput_tok_s"] for s in self.served_runs]
         return {"tree": self.tree or "this checkout", "offline": spread(off), "served": spread(on),
@@ -175,8 +176,7 @@ class _Version:
                 "round_ratios": [round(b / a, 3) for a, b in zip(off, on)], "order": compare(on, off),
                 "tpot_p50_ms": {"offline": statistics.median(o["tpot_p50_ms"] for o in self.offline_runs),
                                 "served": statistics.median(s["tpot_ms"]["p50"] for s in self.served_runs)},
-                "server_start_s": self.start_s, "engine_per_served_run": self.engine,
-                "offline_runs": self.offline_runs, "served_runs": self.served_runs}
+                "server_start_s": self.start_s, "engine_per_served_run": self.engine}
 
     def run(self, kind: str, config, workload: Workload, prompts: list[str]) -> float:
         if kind == "offline":
@@ -297,8 +297,7 @@ def main() -> int:
     record = {"kind": "serve", "machine": machine(fingerprint), "recipe": {
         "path": str(recipe.path), "model": recipe.model, "label": config.label(), "build": (recipe.data.get(
             "deploy") or {}).get("build")}, "workload": recipe.data["workload"],
-        "rounds": {name: {"offline": v.offline_runs, "served": v.served_runs} for name, v in
-                   ((v.name, v) for v in versions)},
+        "rounds": {v.name: {"offline": v.offline_runs, "served": v.served_runs} for v in versions},
         "versions": {v.name: v.record() for v in versions}, "trial": trial,
         "loadtest": levels_run["levels"] if levels_run else None}
     write(f"bench_serve-{Path(recipe.model).name}-{fingerprint['hardware']}", record)

@@ -12,10 +12,10 @@ from autotune.gate.corpus import EVAL_FILE, PROMPT_FILES, _ids, decode_prompts, 
 from autotune.gate.design import DECODE_PROMPT_TOKENS, HOLDOUT_MAX_PROMPTS, HOLDOUT_OVERLAP_TOKENS
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_tokenizer, model_checksum
-from autotune.recipes.recipe import load_recipe
+from autotune.recipes.recipe import holdout_verdict, load_recipe
 from autotune.results.export import write_recipes
 from autotune.results.front import pareto_trials
-from autotune.results.holdout import holdout_verdict, recheck_front
+from autotune.results.holdout import recheck_front
 from autotune.results.tables import pareto_table
 from autotune.trial.job import Job, JobKind, JobResult, Status
 from tests.recipe_factory import GATE, TINY_WORKLOAD, bench, config, make_study

@@ -24,7 +24,7 @@ EVAL_POSITIONS = 4096
 EVAL_FILE = DATA / "eval" / "gpl-3.0.txt"
 PROMPT_FILES = (DATA / "prompts" / "gfdl-1.3.txt", DATA / "prompts" / "gpl-2.0.txt")
 # The held-back set: documents no trial's gate reads, for the one re-check of the recipes a search chose
-# (autotune/study/holdout.py). A gate that picks the fastest of many passes favours a lucky pass on its own
+# (autotune/results/holdout.py). A gate that picks the fastest of many passes favours a lucky pass on its own
 # prompts; a figure on prompts that took no part in the choice is not biased that way.
 HOLDOUT_FILES = (DATA / "holdout" / "lgpl-2.1.txt", DATA / "holdout" / "gpl-1.0.txt",
                  DATA / "holdout" / "lgpl-3.0.txt")
@@ -64,10 +64,9 @@ def holdout_prompts(tokenizer, count: int = HOLDOUT_MAX_PROMPTS, length: int = D
     """The held-back prompts: passages of the held-back documents, taken in turn as the decode prompts are, less
     any that shares HOLDOUT_OVERLAP_TOKENS consecutive tokens with the gate's texts (the licences repeat each
     other's warranty clauses: such a passage would not be unseen)."""
-    seen = {tuple(doc[i:i + HOLDOUT_OVERLAP_TOKENS]) for doc in
-            (_ids(tokenizer, EVAL_FILE), *(_ids(tokenizer, path) for path in PROMPT_FILES))
-            for i in range(len(doc) - HOLDOUT_OVERLAP_TOKENS + 1)}
     span = HOLDOUT_OVERLAP_TOKENS
+    gate_texts = (_ids(tokenizer, EVAL_FILE), *(_ids(tokenizer, path) for path in PROMPT_FILES))
+    seen = {tuple(doc[i:i + span]) for doc in gate_texts for i in range(len(doc) - span + 1)}
     fresh = [p for p in _interleaved([_ids(tokenizer, path) for path in HOLDOUT_FILES], length)
              if not any(tuple(p[i:i + span]) in seen for i in range(length - span + 1))]
     if len(fresh) < min(count, DECODE_STAGE_PROMPTS):
@@ -84,16 +83,17 @@ def _interleaved(documents: list[list[int]], length: int) -> list[list[int]]:
 
 def decode_set_digest() -> str:
     """What decides the decode prompts' text (their sizes are the gate design's, keyed apart)."""
-    digest = hashlib.sha256()
-    for path in (EVAL_FILE, *PROMPT_FILES):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _files_digest((EVAL_FILE, *PROMPT_FILES))
 
 
 def holdout_set_digest() -> str:
     """What decides the held-back prompts: their texts and the texts they must not overlap."""
+    return _files_digest((*HOLDOUT_FILES, EVAL_FILE, *PROMPT_FILES))
+
+
+def _files_digest(paths: tuple[Path, ...]) -> str:
     digest = hashlib.sha256()
-    for path in (*HOLDOUT_FILES, EVAL_FILE, *PROMPT_FILES):
+    for path in paths:
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:16]
 

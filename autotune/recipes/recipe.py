@@ -27,7 +27,8 @@ from autotune.recipes.signature import canonical_json, content_of, sign, signatu
 from autotune.redact import redact
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_PATH", "Recipe", "RecipeInvalid", "build_recipe", "HOLDOUT_ATTR", "holdout_of",
-           "seal", "dump_recipe", "write_recipe", "load_recipe", "recipe_checksum", "recipe_dir", "DEFAULT_MAX_SEQ_LEN"]
+           "holdout_verdict", "seal", "dump_recipe", "write_recipe", "load_recipe", "recipe_checksum", "recipe_dir",
+           "DEFAULT_MAX_SEQ_LEN"]
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent / "schemas" / f"recipe-v{SCHEMA_VERSION}.schema.json"
@@ -85,11 +86,12 @@ class Recipe:
         if gate.get("accepted_marginal"):
             out.append(f"its gate verdict was marginal ({gate.get('decode_verdict')}), accepted by "
                        "--accept-marginal: it may be below the threshold")
-        held = gate.get("holdout") or {}
-        if "reason" in held:
+        held = gate.get("holdout")
+        verdict = holdout_verdict(held)
+        if verdict == "not run":
             out.append("its held-back check (the decode check on prompts no trial saw) could not run: "
                        + held["reason"])
-        elif held and not held.get("decode_decided", True):
+        elif verdict == "marginal":
             out.append(f"its held-back check was undecided at its cap ({held['decode_agreement']:.4f} over "
                        f"{held['decode_positions']} positions): it may be nearer the threshold than its gate says")
         ran = self.data["metrics"].get("concurrency_peak")
@@ -130,6 +132,18 @@ HOLDOUT_ATTR = "holdout:"
 
 def holdout_of(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict | None:
     return study.user_attrs.get(f"{HOLDOUT_ATTR}{trial.number}")
+
+
+def holdout_verdict(record: dict | None) -> str | None:
+    """A held-back check's verdict: "pass", "FAIL", "marginal" (undecided at the cap: kept) or "not run" (its reason
+    stored); None where there is no check."""
+    if not record:
+        return None
+    if "reason" in record:
+        return "not run"
+    if record["decode_passed"]:
+        return "pass"
+    return "FAIL" if record["decode_decided"] else "marginal"
 
 
 def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_url: str, picks: list[str]) -> dict:

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import optuna
 
-from autotune.recipes.recipe import holdout_of
+from autotune.recipes.recipe import holdout_of, holdout_verdict
 
-__all__ = ["pareto_trials", "exportable", "holdout_failed"]
+__all__ = ["pareto_trials", "exportable"]
 
 
-def holdout_failed(record: dict | None) -> bool:
-    """A held-back check (autotune/results/holdout.py) that decided against the build; not one that could not run
-    or was left undecided."""
-    return bool(record) and "reason" not in record and record["decode_decided"] and not record["decode_passed"]
+def _held_back_failed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """Its held-back check (autotune/results/holdout.py) decided against it; not one that could not run or was left
+    undecided."""
+    return holdout_verdict(holdout_of(study, trial)) == "FAIL"
 
 
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Feasible, gate-passing, non-dominated trials (Optuna's best_trials honours the constraints), less those that
     failed their held-back check: the front is then taken again over the rest."""
     best = [t for t in study.best_trials if "duplicate_of" not in t.user_attrs]
-    if any(holdout_failed(holdout_of(study, t)) for t in best):
+    if any(_held_back_failed(study, t) for t in best):
         rest = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if "duplicate_of" not in t.user_attrs and exportable(t) and not holdout_failed(holdout_of(study, t))]
+                if "duplicate_of" not in t.user_attrs and exportable(t) and not _held_back_failed(study, t)]
         best = [t for t in rest if not any(_dominates(o, t, study.directions) for o in rest)]
     return sorted(best, key=lambda t: -t.values[0])
 

@@ -16,12 +16,12 @@ from autotune.backends import Backend
 from autotune.config.deploy import DeployConfig
 from autotune.gate.corpus import holdout_set_digest
 from autotune.progress import log
-from autotune.recipes.recipe import HOLDOUT_ATTR, holdout_of
+from autotune.recipes.recipe import HOLDOUT_ATTR, holdout_of, holdout_verdict
 from autotune.results.front import exportable, pareto_trials
 from autotune.study.settings import SETUP_TIMEOUT_S
 from autotune.trial.job import Job, JobKind
 
-__all__ = ["recheck_front", "holdout_verdict"]
+__all__ = ["recheck_front"]
 
 # Each round checks the front's unchecked points; a failure can bring dominated points onto the front, which the
 # next round checks. Bounded so that a machine where every build fails its held-back check still ends.
@@ -29,15 +29,6 @@ _MAX_ROUNDS = 4
 # The check rebuilds the configuration (its compile included) and decodes at most 128 prompts: never more than
 # the trial itself was allowed, and that much again for the rebuild.
 _LIMIT_FACTOR = 2.0
-
-
-def holdout_verdict(record: dict) -> str:
-    """"pass", "FAIL", "marginal" (undecided at the cap, kept) or "not run" (its reason stored)."""
-    if "reason" in record:
-        return "not run"
-    if record["decode_passed"]:
-        return "pass"
-    return "marginal" if not record["decode_decided"] else "FAIL"
 
 
 def recheck_front(study: optuna.Study, backend: Backend, settings_common: dict) -> int:

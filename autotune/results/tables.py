@@ -6,7 +6,7 @@ import optuna
 from autotune.config.deploy import DeployConfig
 from autotune.recipes.baselines import study_baselines
 from autotune.recipes.compute_limit import trial_compute_limit
-from autotune.recipes.recipe import holdout_of
+from autotune.recipes.recipe import holdout_of, holdout_verdict
 from autotune.results.front import pareto_trials
 
 __all__ = ["pareto_table", "study_summary"]
@@ -24,11 +24,12 @@ def _agreement(gate: dict) -> str:
 def _held(record: dict | None) -> str:
     """The held-back check's decode agreement (autotune/results/holdout.py): "?" marks a marginal one, "n/r" one
     that could not run, "-" none yet (the search runs it after its trials)."""
-    if record is None:
+    verdict = holdout_verdict(record)
+    if verdict is None:
         return "-"
-    if "reason" in record:
+    if verdict == "not run":
         return "n/r"
-    return f"{record['decode_agreement']:.4f}" + ("" if record["decode_decided"] else "?")
+    return f"{record['decode_agreement']:.4f}" + ("?" if verdict == "marginal" else "")
 
 
 def _peak_mb(bench: dict) -> str:

@@ -25,10 +25,9 @@ from autotune.progress import log
 from autotune.recipes.recipe import Recipe
 from autotune.recipes.verify import DEFAULT_TOLERANCE
 
-__all__ = ["CHECK", "TOLERANCE", "check_packaged", "measure_packaged", "differences"]
+__all__ = ["CHECK", "check_packaged", "measure_packaged", "differences"]
 
 CHECK = "check.json"
-TOLERANCE = DEFAULT_TOLERANCE  # as `autotune verify`'s: a figure may be this much worse than the recipe's spread
 
 
 def measure_packaged(engine: Engine, recipe: Recipe, tokenizer, base_rss: int) -> dict:
@@ -52,7 +51,7 @@ def measure_packaged(engine: Engine, recipe: Recipe, tokenizer, base_rss: int) -
             "throughput_tok_s": bench["throughput_tok_s"], "peak_memory_mb": bench["peak_memory_mb"]}
 
 
-def differences(check: dict, recipe: Recipe, tolerance: float = TOLERANCE) -> list[str]:
+def differences(check: dict, recipe: Recipe, tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
     """Where the packaged program's figures fall outside the recipe's, each in one line with both figures."""
     metrics = recipe.data["metrics"]
     out = []

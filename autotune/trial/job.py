@@ -14,7 +14,7 @@ __all__ = ["Job", "JobKind", "JobResult", "Status"]
 
 class JobKind(str, Enum):
     TRIAL = "trial"  # build, gate (unless the gate figures are given), benchmark
-    HOLDOUT = "holdout"  # build, then the decode check on the held-back prompts alone (autotune/study/holdout.py)
+    HOLDOUT = "holdout"  # build, then the decode check on the held-back prompts alone (autotune/results/holdout.py)
     REFERENCE = "reference"  # the fp32 reference's logits over the evaluation text, cached on disk
     HF_BASELINE = "hf_baseline"  # a speed baseline: transformers' generate, eager, in `baseline_dtype`
 
