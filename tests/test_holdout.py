@@ -32,6 +32,9 @@ def test_held_back_prompts_share_no_span_with_any_text_the_gate_reads(smollm2_fo
     tokenizer = load_tokenizer(resolve_model(str(smollm2_folder)))
     held = holdout_prompts(tokenizer)
     assert len(held) == HOLDOUT_MAX_PROMPTS and {len(p) for p in held} == {DECODE_PROMPT_TOKENS}
+    # The figure design.py and PROVENANCE.md give: the unseen passages SmolLM2's tokenizer leaves, of which the
+    # check takes HOLDOUT_MAX_PROMPTS.
+    assert len(holdout_prompts(tokenizer, count=10_000)) == 136
     seen = set().union(*(_spans(_ids(tokenizer, path)) for path in (EVAL_FILE, *PROMPT_FILES)))
     assert not any(_spans(p) & seen for p in held)
     assert not {tuple(p) for p in held} & {tuple(p) for p in decode_prompts(tokenizer)}
