@@ -108,7 +108,7 @@ def is_legacy_class(name: str) -> bool:
 
 def _lacks_microarch(name: str) -> bool:
     words = name.split("-")
-    if words[0] == "llamacpp":  # llama.cpp's classes are a CPU class behind its name
+    if words[0] in ("llamacpp", "openvino"):  # a peer runtime's classes are a CPU class behind its name
         words = words[1:]
     return (words[:1] == ["cpu"] and bool(_LEVEL_WORDS & set(words))
             and not any(is_microarch_word(w) for w in words) and "unknown" not in words)

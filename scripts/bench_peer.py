@@ -91,12 +91,12 @@ def _peer_worker(model_name: str, config: DeployConfig, threads: int, workload: 
     if gate:
         from autotune.gate.corpus import decode_prompts, eval_windows
         from autotune.gate.reference import cached_reference
-        from autotune.llamacpp.gate import llamacpp_gate
+        from autotune.gate.peer import peer_gate
         from autotune.models.weights import load_hf_model
 
         ref = cached_reference(checksum, tokenizer, 4096, lambda: load_hf_model(spec, "float32"))
         ctx = model.context(config, threads)
-        header["gate"] = llamacpp_gate(ctx, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
+        header["gate"] = peer_gate(ctx, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
         ctx.close()
     ctx = model.context(config, threads)
     n = workload.output_tokens

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("quant",),
     ("devices",),
     ("trial",),
-    ("llamacpp",),
+    ("llamacpp", "openvino"),
     ("backends",),
     ("recipes",),
     ("study",),

@@ -214,13 +214,13 @@ def _reference(tiny, folder):
 
 
 def test_gate_passes_a_faithful_gguf_and_fails_a_wrong_one(gguf_folder, tiny, shipped_gguf, tmp_path):
-    from autotune.llamacpp.gate import llamacpp_gate
+    from autotune.gate.peer import peer_gate
     from tests.llamacpp_factory import write_gguf
 
     reference, windows, prompts = _reference(tiny, gguf_folder)
     model, ctx = _context(gguf_folder / "model-f32.gguf")
     try:
-        good = llamacpp_gate(ctx, reference, windows, prompts)
+        good = peer_gate(ctx, reference, windows, prompts)
     finally:
         ctx.close()
         model.close()
@@ -229,7 +229,7 @@ def test_gate_passes_a_faithful_gguf_and_fails_a_wrong_one(gguf_folder, tiny, sh
     # q and k left in transformers' layout: llama.cpp rotates the wrong pairs of every head.
     model, ctx = _context(write_gguf(tiny, tmp_path / "wrong.gguf", shipped_gguf, permute=False))
     try:
-        wrong = llamacpp_gate(ctx, reference, windows, prompts)
+        wrong = peer_gate(ctx, reference, windows, prompts)
     finally:
         ctx.close()
         model.close()

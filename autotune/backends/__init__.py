@@ -9,13 +9,14 @@ from autotune.backends.faults import FaultBackend
 from autotune.backends.isolated import IsolatedBackend
 from autotune.backends.llamacpp import LlamaCppBackend
 from autotune.backends.npu import NpuBackend
+from autotune.backends.openvino import OpenVinoBackend
 from autotune.backends.sim import SimBackend
 from autotune.errors import BackendUnavailable, UserInputError
 
 __all__ = ["Backend", "BACKENDS", "get_backend", "make_backend"]
 
 BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "cuda": CudaBackend, "npu": NpuBackend, "sim": SimBackend,
-                                      "llamacpp": LlamaCppBackend}
+                                      "llamacpp": LlamaCppBackend, "openvino": OpenVinoBackend}
 # Test doubles: reachable by name (workers and child processes find them), never listed.
 _HIDDEN: dict[str, type[Backend]] = {"sim-faults": FaultBackend}
 

@@ -24,9 +24,9 @@ from autotune.backends import launch
 from autotune.backends.base import Backend
 from autotune.backends.launch import PARENT_ENV, TOKEN_ENV
 from autotune.backends.memory_watch import MemoryWatch
+from autotune.engine.compiler_cache import compiler_cache_env
 from autotune.space.search_space import SearchSpace
 from autotune.trial.child import Envelope, address_space_limited, partial_path
-from autotune.engine.compiler_cache import compiler_cache_env
 from autotune.trial.job import Job, JobResult, Status
 
 __all__ = ["run_isolated", "IsolatedBackend", "TRIAL_ENTRY"]

@@ -8,19 +8,17 @@ attention, KV cache type, n_batch/n_ubatch, context size), with batch_size as ll
 device_power as its threads."""
 from __future__ import annotations
 
-from autotune.backends.base import Backend, restrict_to_cores
-from autotune.backends.isolated import run_isolated
+from autotune.backends.base import restrict_to_cores
+from autotune.backends.peer import PeerBackend
 from autotune.host import cpu_fingerprint
 from autotune.llamacpp.build_info import installed, numerics_versions
-from autotune.llamacpp.config import llamacpp_config
 from autotune.llamacpp.trial import GATE_DEVICE
 from autotune.space.search_space import SearchSpace
-from autotune.trial.job import Job, JobKind, JobResult
 
 __all__ = ["LlamaCppBackend"]
 
-TRIAL_ENTRY = "autotune.llamacpp.trial"
-class LlamaCppBackend(Backend):
+
+class LlamaCppBackend(PeerBackend):
     name = GATE_DEVICE
     runtime = "llamacpp"
 
@@ -32,15 +30,6 @@ class LlamaCppBackend(Backend):
 
     def adapt_space(self, space: SearchSpace) -> SearchSpace:
         return restrict_to_cores(space, "llama.cpp's thread count")
-
-    def run(self, job: Job, timeout_s: float) -> JobResult:
-        if job.kind not in (JobKind.TRIAL, JobKind.HOLDOUT):  # the reference and the speed baselines: transformers'
-            return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb)
-        try:
-            llamacpp_config(job.config)
-        except (ValueError, TypeError) as exc:
-            return JobResult.error(f"not a llama.cpp configuration: {exc}")
-        return run_isolated(job, timeout_s, memory_limit_mb=self.memory_limit_mb, entry=TRIAL_ENTRY)
 
     def gate_versions(self) -> dict:
         return numerics_versions()

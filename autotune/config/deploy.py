@@ -1,5 +1,6 @@
 """The frozen deployment configuration: one point of the search space, validated on construction. It is the
-shared knobs (batch, device power) and one runtime's own (config/engine_knobs.py, config/llamacpp_knobs.py), read
+shared knobs (batch, device power) and one runtime's own (config/engine_knobs.py, config/llamacpp_knobs.py,
+config/openvino_knobs.py), read
 through it by name: `config.quant` is its engine knob, and asking a llama.cpp configuration for it is an error."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from autotune.config.engine_knobs import (
     EngineKnobs,
 )
 from autotune.config.llamacpp_knobs import FLASH_ATTN, GGUF_TYPES, KV_TYPES, LlamaCppKnobs
+from autotune.config.openvino_knobs import OpenVinoKnobs
 from autotune.config.runtimes import (
     DEFAULT_RUNTIME,
     ENGINE_KNOBS,
@@ -32,7 +34,8 @@ from autotune.config.runtimes import (
 
 __all__ = ["DeployConfig", "NUMERICS_KNOBS", "DTYPES", "DTYPE_BYTES", "TORCH_DTYPE_NAMES", "QUANT_SCHEMES",
            "QUANT_METHODS", "FALLBACK_LAYERS", "FUSION_LEVELS", "KV_POLICIES", "RUNTIMES", "LLAMACPP_KNOBS",
-           "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "EngineKnobs", "LlamaCppKnobs"]
+           "ENGINE_KNOBS", "GGUF_TYPES", "KV_TYPES", "FLASH_ATTN", "EngineKnobs", "LlamaCppKnobs",
+           "OpenVinoKnobs"]
 
 # Every runtime's knobs that change what the model computes (each knob class's NUMERICS), and the runtime itself.
 NUMERICS_KNOBS = ("runtime", *(k for r in RUNTIMES.values() for k in r.knob_class.NUMERICS))
@@ -100,6 +103,14 @@ class DeployConfig:
         """From a stored configuration (a trial's `config`, a recipe's `configuration`), including those written
         before the dtype knob: their scheme "bf16" is quant "none" computing in bf16."""
         return cls(**_upgraded(data))
+
+    @classmethod
+    def of_runtime(cls, runtime: str, config: DeployConfig | dict, what: str) -> DeployConfig:
+        """`config` (or a stored one), refused where it is not of `runtime` (`what`: its name in words)."""
+        config = config if isinstance(config, DeployConfig) else cls.from_dict(config)
+        if config.runtime != runtime:
+            raise ValueError(f"{config.label()} is a configuration of the {config.runtime} runtime, not of {what}")
+        return config
 
     @classmethod
     def from_params(cls, params: dict) -> DeployConfig:

@@ -94,6 +94,11 @@ class EngineKnobs:
             out["quant"] = "bf16"
         return out
 
+    def cost_knobs(self) -> dict | None:
+        """What the simulator's cost of a step reads (sim/cost.py): the weights' scheme, the precision the matmuls
+        compute in, the KV page size."""
+        return {"quant": self.quant, "dtype": self.dtype, "page_size": self.page_size}
+
     def reads_calibration(self) -> bool:
         """Whether the build reads the calibration set (a calibrated method, or layers kept by sensitivity)."""
         return self.quant_method != "rtn" or self.fallback_layers > 0

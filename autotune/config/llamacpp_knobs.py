@@ -53,6 +53,12 @@ class LlamaCppKnobs:
         """`values` with the knobs at their defaults left out (see LATER)."""
         return {k: v for k, v in values.items() if k not in self.LATER or _DEFAULTS[k] != v}
 
+    def cost_knobs(self) -> dict | None:
+        """The simulator's view of an F16 or BF16 file (sim/cost.py); None for the quantized types, whose dot
+        products (int8 against activations quantized on the fly) no probed matmul rate stands for."""
+        dtype = {"F16": "fp16", "BF16": "bf16"}.get(self.gguf_type)
+        return {"quant": "none", "dtype": dtype, "page_size": 256} if dtype else None
+
     def reads_calibration(self) -> bool:
         """Never: llama.cpp's quantizer is run without an importance matrix (autotune/llamacpp/gguf_files.py)."""
         return False

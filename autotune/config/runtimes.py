@@ -1,5 +1,6 @@
-"""What can run a model, and which knobs belong to each: autotune's own engine (torch) and llama.cpp (a GGUF file,
-through llama-cpp-python in trials and llama-server in serving). The one place that tells the runtimes apart: a
+"""What can run a model, and which knobs belong to each: autotune's own engine (torch), llama.cpp (a GGUF file,
+through llama-cpp-python in trials and llama-server in serving) and OpenVINO GenAI (an OpenVINO IR through its
+ContinuousBatchingPipeline). The one place that tells the runtimes apart: a
 configuration, a space file, a backend and a recipe name a runtime, and whatever differs between runtimes is
 asked of the Runtime here (or of its knob class), never branched on by name elsewhere.
 
@@ -10,32 +11,41 @@ from dataclasses import dataclass, fields
 
 from autotune.config.engine_knobs import EngineKnobs
 from autotune.config.llamacpp_knobs import LlamaCppKnobs
+from autotune.config.openvino_knobs import OpenVinoKnobs
 
-__all__ = ["Runtime", "RUNTIMES", "DEFAULT_RUNTIME", "SHARED_KNOBS", "ENGINE_KNOBS", "LLAMACPP_KNOBS", "runtime_of",
-           "other_knobs", "Knobs"]
+__all__ = ["Runtime", "RUNTIMES", "DEFAULT_RUNTIME", "SHARED_KNOBS", "ENGINE_KNOBS", "LLAMACPP_KNOBS", "OPENVINO_KNOBS",
+           "runtime_of", "other_knobs", "Knobs", "SERVED_BY"]
 
-Knobs = EngineKnobs | LlamaCppKnobs
+Knobs = EngineKnobs | LlamaCppKnobs | OpenVinoKnobs
 # Every runtime's: the sequences decoded together (the engine's batch, llama.cpp's parallel sequences) and the
 # device power level (on the CPU, the threads).
 SHARED_KNOBS = ("batch_size", "device_power")
 ENGINE_KNOBS = tuple(f.name for f in fields(EngineKnobs))
 LLAMACPP_KNOBS = tuple(f.name for f in fields(LlamaCppKnobs))
+OPENVINO_KNOBS = tuple(f.name for f in fields(OpenVinoKnobs))
+# How a runtime's recipes are served: "engine", autotune's engine in `autotune serve`'s own process; "llama-server",
+# llama.cpp's server exec'd by `autotune serve`; "none", not served yet (`autotune serve` refuses it in one line).
+SERVED_BY = ("engine", "llama-server", "none")
 
 
 @dataclass(frozen=True)
 class Runtime:
     """`knob_class`: its own knobs (besides SHARED_KNOBS), their validation, labels and key rules; `server`: what
-    serves its recipes; `torch_engine`: whether autotune's engine builds it in this process (trials, `verify`,
-    `serve`), or a server of its own runs it; `space_file`: its default space under search_spaces/; `named`:
-    whether a stored configuration names it (the engine's predate runtimes and do not, so that they read, digest
-    and key as before)."""
+    serves its recipes, in words; `served_by`: how `autotune serve` runs them (SERVED_BY); `trial_entry`: the module
+    whose `main` runs one of its trials in a child process (`python -m ENTRY ENVELOPE RESULT`); `space_file`: its
+    default space under search_spaces/; `named`: whether a stored configuration names it (the engine's predate
+    runtimes and do not, so that they read, digest and key as before)."""
 
     name: str
     knob_class: type
     server: str
-    torch_engine: bool
+    served_by: str
+    trial_entry: str
     space_file: str
     named: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.served_by in SERVED_BY, self.served_by
 
     @property
     def knobs(self) -> tuple[str, ...]:
@@ -44,10 +54,12 @@ class Runtime:
 
 DEFAULT_RUNTIME = EngineKnobs.RUNTIME
 RUNTIMES: dict[str, Runtime] = {
-    "engine": Runtime("engine", EngineKnobs, server="autotune's engine (autotune serve)", torch_engine=True,
-                      space_file="default.yaml", named=False),
-    "llamacpp": Runtime("llamacpp", LlamaCppKnobs, server="llama-server", torch_engine=False,
-                        space_file="llamacpp.yaml"),
+    "engine": Runtime("engine", EngineKnobs, server="autotune's engine (autotune serve)", served_by="engine",
+                      trial_entry="autotune.trial", space_file="default.yaml", named=False),
+    "llamacpp": Runtime("llamacpp", LlamaCppKnobs, server="llama-server", served_by="llama-server",
+                        trial_entry="autotune.llamacpp.trial", space_file="llamacpp.yaml"),
+    "openvino": Runtime("openvino", OpenVinoKnobs, server="OpenVINO GenAI's ContinuousBatchingPipeline",
+                        served_by="none", trial_entry="autotune.openvino.trial", space_file="openvino.yaml"),
 }
 
 

@@ -15,10 +15,7 @@ LLAMACPP = LlamaCppKnobs.RUNTIME
 
 def llamacpp_config(config: DeployConfig | dict) -> DeployConfig:
     """`config` (or a stored one), refused where it is another runtime's."""
-    config = config if isinstance(config, DeployConfig) else DeployConfig.from_dict(config)
-    if config.runtime != LLAMACPP:
-        raise ValueError(f"{config.label()} is a configuration of the {config.runtime} runtime, not of llama.cpp")
-    return config
+    return DeployConfig.of_runtime(LLAMACPP, config, "llama.cpp")
 
 
 def server_args(config: DeployConfig, model_path: str, threads: int, host: str = "127.0.0.1",

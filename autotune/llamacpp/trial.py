@@ -9,18 +9,18 @@ import time
 from pathlib import Path
 
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
+from autotune.benchmark.peer import benchmark_peer
 from autotune.benchmark.policy import RunPolicy
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows, holdout_prompts
+from autotune.gate.peer import peer_decode_check, peer_gate
 from autotune.gate.reference import cached_holdout_reference, cached_reference
 from autotune.gate.result import GateResult
 from autotune.host import num_cores
-from autotune.llamacpp.bench import benchmark_llamacpp
 from autotune.llamacpp.build_info import llamacpp_versions, numerics_versions, server_identity
 from autotune.llamacpp.config import llamacpp_config, server_command
 from autotune.llamacpp.engine import LlamaCppModel
-from autotune.llamacpp.gate import llamacpp_decode_check, llamacpp_gate
 from autotune.llamacpp.gguf_files import gguf_file
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
@@ -29,7 +29,7 @@ from autotune.trial.child import checkpoint_writer, run_child
 from autotune.trial.job import Job, JobKind, JobResult, Status
 from autotune.trial.pipeline import Checkpoint, run_trial
 
-__all__ = ["run_llamacpp_trial", "main", "GATE_DEVICE"]
+__all__ = ["GATE_DEVICE", "main", "run_llamacpp_trial"]
 
 # The device a llama.cpp gate is keyed under in the gate cache (and the backend's name).
 GATE_DEVICE = "llamacpp"
@@ -94,9 +94,9 @@ class _LlamaCppStages:
         try:
             prompts = decode_prompts(self.tokenizer, eval_positions=job.eval_positions)
             if cached is not None:  # the teacher-forced figures of these numerics, cached: decode check only
-                decode = llamacpp_decode_check(ctx, self.reference, prompts, job.tie_epsilon, job.min_agreement)
+                decode = peer_decode_check(ctx, self.reference, prompts, job.tie_epsilon, job.min_agreement)
                 return {**cached, **GateResult.from_dict({**cached, **decode}).to_dict()}
-            return llamacpp_gate(ctx, self.reference, eval_windows(self.tokenizer, job.eval_positions), prompts,
+            return peer_gate(ctx, self.reference, eval_windows(self.tokenizer, job.eval_positions), prompts,
                                  tie_epsilon=job.tie_epsilon, min_agreement=job.min_agreement).to_dict()
         finally:
             ctx.close()
@@ -106,7 +106,7 @@ class _LlamaCppStages:
         reference = cached_holdout_reference(self.checksum, self.tokenizer, lambda: load_hf_model(spec, "float32"))
         ctx = self.model.context(self.config, self.threads)
         try:
-            return llamacpp_decode_check(ctx, reference, holdout_prompts(self.tokenizer), self.job.tie_epsilon,
+            return peer_decode_check(ctx, reference, holdout_prompts(self.tokenizer), self.job.tie_epsilon,
                                          self.job.min_agreement)
         finally:
             ctx.close()
@@ -118,7 +118,7 @@ class _LlamaCppStages:
             prompts = bench_prompts(self.tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                                     workload.seed)
             policy = RunPolicy(warmup="short", max_repeats=self.job.repeats, time_cap_s=self.job.repeat_time_s)
-            return benchmark_llamacpp(ctx, prompts, workload, base_rss=self.base_rss, policy=policy)
+            return benchmark_peer(ctx, prompts, workload, base_rss=self.base_rss, policy=policy)
         finally:
             ctx.close()
 

@@ -16,6 +16,7 @@ import yaml
 
 from autotune import __version__
 from autotune.config.deploy import DeployConfig
+from autotune.config.runtimes import DEFAULT_RUNTIME, runtime_of
 from autotune.errors import UserInputError
 from autotune.gate.design import GATE_VERSION
 from autotune.host import class_note
@@ -195,6 +196,8 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
         # The GGUF measured and the llama-server that serves it, checked before `autotune serve` execs it.
         versions = trial.user_attrs.get("versions", {})
         recipe["deploy"].update({k: versions[k] for k in SERVER_FIELDS if k in versions})
+    if trial.user_attrs.get("what") and recipe["configuration"].get("runtime") == "openvino":
+        recipe["deploy"]["pipeline"] = trial.user_attrs["what"]
     return recipe
 
 
@@ -261,7 +264,9 @@ def write_recipe(path: Path, recipe: dict, key: bytes | None = None) -> bool:
     """Write (sealed, signed with `key` where given) unless the file already holds the same bytes; True when the
     file changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune serve {path}"}}
+    # A runtime `autotune serve` does not serve yet (OpenVINO): its command re-measures it instead.
+    served = runtime_of(recipe["configuration"].get("runtime", DEFAULT_RUNTIME)).served_by != "none"
+    recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune {'serve' if served else 'verify'} {path}"}}
     text = dump_recipe(recipe, key)
     if path.is_file() and path.read_text() == text:
         return False

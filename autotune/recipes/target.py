@@ -17,7 +17,7 @@ from autotune.sim.hardware import read_profile_data
 __all__ = ["Target", "Placement", "recipe_target", "backend_missing", "place", "THREADS_BACKENDS"]
 
 # The backends whose device_power is a thread count on this machine's CPU.
-THREADS_BACKENDS = ("cpu", "llamacpp")
+THREADS_BACKENDS = ("cpu", "llamacpp", "openvino")
 
 
 @dataclass(frozen=True, slots=True)

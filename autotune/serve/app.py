@@ -62,7 +62,7 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
                              f"recipe was made for ({recipe.data['model']['checksum']}); pass --force to serve anyway")
     config = recipe.config
     runtime = runtime_of(config.runtime)
-    if not runtime.torch_engine:
+    if runtime.served_by != "engine":
         raise UserInputError(f"{recipe.path} is a {runtime.name} recipe: `autotune serve` runs it with "
                              f"{runtime.server}, not with autotune's engine")
     if where.threads:
@@ -131,9 +131,13 @@ def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: b
         key = "with" if access.api_key else "WITHOUT"
         log(f"serve: listening on {host}, not only loopback, {key} an API key: anyone who can reach this machine "
             f"{'and has the key ' if access.api_key else ''}can use it")
-    if not runtime_of(recipe.config.runtime).torch_engine:
-        # llama.cpp, the one runtime with a server of its own. llama-cpp-python missing here: refused in one line,
-        # as for any backend.
+    runtime = runtime_of(recipe.config.runtime)
+    if runtime.served_by == "none":
+        raise UserInputError(f"{recipe.path} is a {runtime.name} recipe, and `autotune serve` does not serve "
+                             f"{runtime.name} recipes yet: run it with {runtime.server} (its configuration is in the "
+                             "recipe)")
+    if runtime.served_by == "llama-server":
+        # llama-cpp-python missing here: refused in one line, as for any backend.
         placement(recipe, draft)
         return serve_with_llama_server(recipe, host, port, force, api_key=access.api_key)
     # One tokenizer call at a time per request: a Rust thread pool of its own would only take CPU from the engine.

@@ -20,7 +20,10 @@ __all__ = ["flops_per_output_token", "compute_limit"]
 
 def flops_per_output_token(spec: ModelSpec, config: DeployConfig, workload: Workload) -> float:
     context = (workload.prompt_min + workload.prompt_max) / 2 + workload.output_tokens / 2
-    step = step_cost(spec, config.quant, False, 1, 1, context, config.page_size, config.dtype)
+    knobs = config.knobs.cost_knobs()
+    if knobs is None:
+        raise ValueError(f"{config.label()}: no cost model of its arithmetic")
+    step = step_cost(spec, knobs["quant"], False, 1, 1, context, knobs["page_size"], knobs["dtype"])
     return step.matmul_flops + step.attention_flops
 
 
@@ -36,8 +39,10 @@ def _rate_at(rates: dict[str, float], batch: int) -> tuple[int, float] | None:
 def compute_limit(spec: ModelSpec, config: DeployConfig, workload: Workload, throughput_tok_s: float,
                   rate_gflops: dict[str, dict[str, float]] | None, threads: int | None) -> dict | None:
     """{"achieved_gflops", "ceiling_gflops", "fraction", "how"}; None where the probe measured no rate for this
-    precision (a study from before it, another device)."""
-    rates = (rate_gflops or {}).get(config.dtype)
+    precision (a study from before it, another device) or where the runtime's arithmetic has no probed rate (a
+    quantized GGUF)."""
+    knobs = config.knobs.cost_knobs()
+    rates = (rate_gflops or {}).get(knobs["dtype"]) if knobs else None
     at = _rate_at(rates, config.batch_size) if rates else None
     if at is None or not threads:
         return None
@@ -46,5 +51,5 @@ def compute_limit(spec: ModelSpec, config: DeployConfig, workload: Workload, thr
     ceiling = per_thread * threads
     return {"achieved_gflops": round(achieved, 2), "ceiling_gflops": round(ceiling, 2),
             "fraction": round(achieved / ceiling, 3),
-            "how": f"decode FLOPs per output token x tok/s against the probe's {config.dtype} matmul at {rows} rows "
+            "how": f"decode FLOPs per output token x tok/s against the probe's {knobs['dtype']} matmul at {rows} rows "
                    f"({per_thread:.1f} GFLOP/s a thread) x {threads} threads"}

@@ -235,9 +235,17 @@ _VALID = {
     "n_batch": _positive_int,
     "n_ubatch": _positive_int,
     "n_ctx": lambda v: type(v) is int and v >= 0,
+    "group_size": lambda v: v == -1 or _positive_int(v),
+    "ratio": lambda v: type(v) in (int, float) and 0 < v <= 1,
+    "max_num_batched_tokens": _positive_int,
+    "cache_size": lambda v: type(v) is int and v >= 0,
+    "dynamic_split_fuse": lambda v: type(v) is bool,
+    "prefix_caching": lambda v: type(v) is bool,
 }
 # Knobs that may be given per value of another (`by`), and which values are meaningful for which.
-_VALID_BY = {"quant_method": lambda scheme, v: v in QUANT_METHODS.get(scheme, ())}
+_VALID_BY = {"quant_method": lambda scheme, v: v in QUANT_METHODS.get(scheme, ()),
+             # OpenVINO's paged attention refuses an f32 KV cache under bf16 inference.
+             "kv_precision": lambda precision, v: v != "f32" or precision == "f32"}
 
 
 def load_space(path: str | Path = DEFAULT_SPACE) -> SearchSpace:

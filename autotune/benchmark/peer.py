@@ -1,5 +1,6 @@
-"""The benchmark of a llama.cpp context on a workload: the same prompts, warm-up, timed-run policy and figures as
-autotune's own benchmark (autotune/benchmark/), its requests run through the context's slots."""
+"""The benchmark of a peer engine's runner (llama.cpp's context, OpenVINO's pipeline) on a workload: the same
+prompts, warm-up, timed-run policy and figures as autotune's own benchmark (autotune/benchmark/), its requests run
+through the peer's continuous batching."""
 from __future__ import annotations
 
 import time
@@ -8,18 +9,18 @@ from autotune.benchmark.bench import run_figures, summarize  # one definition of
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
 from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
+from autotune.engine.peer import PeerRunner
 from autotune.engine.sequence import Request
-from autotune.llamacpp.engine import LlamaCppContext
 from autotune.progress import log
 
-__all__ = ["benchmark_llamacpp"]
+__all__ = ["benchmark_peer"]
 
 
-def benchmark_llamacpp(ctx: LlamaCppContext, prompts: list[list[int]], workload: Workload, *, base_rss: int,
-                       policy: RunPolicy | None = None) -> dict:
+def benchmark_peer(ctx: PeerRunner, prompts: list[list[int]], workload: Workload, *, base_rss: int,
+                   policy: RunPolicy | None = None) -> dict:
     """Warm-up, then timed runs of the whole workload as `policy` says. Peak memory is this process's high-water
-    mark during the runs minus `base_rss` (the process before the weights were loaded): the memory-mapped
-    weights as far as they were touched, the KV cache, the compute buffers and the logits."""
+    mark during the runs minus `base_rss` (the process before the weights were loaded): the weights as far as they
+    were touched, the KV cache, the compute buffers and the logits."""
     policy = policy or RunPolicy(warmup="short")
     n = workload.output_tokens
     requests = [Request(p, n, min_new_tokens=n) for p in prompts]
