@@ -99,8 +99,18 @@ def test_openvinos_gate_key_follows_its_numerics_and_its_versions():
 
 
 def test_serve_refuses_an_openvino_recipe_in_one_line():
-    assert runtime_of("openvino").served_by == "none"
+    from types import SimpleNamespace
+
+    from autotune.errors import UserInputError
+    from autotune.serve.app import serve_forever
+
     assert runtime_of("openvino").trial_entry == "autotune.openvino.trial"
+    recipe = SimpleNamespace(config=DeployConfig(runtime="openvino"), path="best-throughput.yaml")
+    # Before this runtime had a registry entry of how it is served, every recipe not of the engine went to
+    # llama-server.
+    with pytest.raises(UserInputError, match="does not serve openvino recipes yet: run it with OpenVINO GenAI's "
+                       "ContinuousBatchingPipeline"):
+        serve_forever(recipe, "127.0.0.1", 0, max_queue=1, force=False)
 
 
 # ---- with OpenVINO -----------------------------------------------------------------------------------------------
