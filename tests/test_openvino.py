@@ -16,7 +16,7 @@ from autotune.backends.cpu import CpuBackend
 from autotune.backends.openvino import OpenVinoBackend
 from autotune.backends.sim import SimBackend
 from autotune.config.deploy import DeployConfig, OpenVinoKnobs
-from autotune.config.runtimes import ENGINE_KNOBS, OPENVINO_KNOBS, runtime_of
+from autotune.config.runtimes import ENGINE_KNOBS, OPENVINO_KNOBS, RUNTIMES
 from autotune.errors import SpaceError
 from autotune.gate.cache import gate_inputs, gate_key
 from autotune.openvino.config import PIPELINE_DEFAULTS, openvino_config
@@ -98,19 +98,10 @@ def test_openvinos_gate_key_follows_its_numerics_and_its_versions():
         assert key(same) == key(base)
 
 
-def test_serve_refuses_an_openvino_recipe_in_one_line():
-    from types import SimpleNamespace
-
-    from autotune.errors import UserInputError
-    from autotune.serve.app import serve_forever
-
-    assert runtime_of("openvino").trial_entry == "autotune.openvino.trial"
-    recipe = SimpleNamespace(config=DeployConfig(runtime="openvino"), path="best-throughput.yaml")
-    # Before this runtime had a registry entry of how it is served, every recipe not of the engine went to
-    # llama-server.
-    with pytest.raises(UserInputError, match="does not serve openvino recipes yet: run it with OpenVINO GenAI's "
-                       "ContinuousBatchingPipeline"):
-        serve_forever(recipe, "127.0.0.1", 0, max_queue=1, force=False)
+def test_the_registry_names_how_each_runtime_runs_and_is_served():
+    assert {name: (r.trial_entry, r.served_by) for name, r in RUNTIMES.items()} == {
+        "engine": ("autotune.trial", "autotune"), "llamacpp": ("autotune.llamacpp.trial", "llama-server"),
+        "openvino": ("autotune.openvino.trial", "autotune")}
 
 
 # ---- with OpenVINO -----------------------------------------------------------------------------------------------
@@ -246,3 +237,133 @@ def test_a_trial_through_the_backend_gated_and_benchmarked_alike(tiny_folder, ov
     # A model that is not there: an ERROR with its reason, not a crash.
     broken = OpenVinoBackend().run(Job(**{**job.to_dict(), "model": str(ov_cache / "no-such-folder")}), timeout_s=300)
     assert broken.status is Status.ERROR and broken.reason
+
+
+# ---- one study over two runtimes: the engine and OpenVINO on one front --------------------------------------------
+
+_ENGINE_SPACE = """
+version: 1
+dimensions:
+  dtype: {values: [fp32]}
+  quant: {values: [none]}
+  fusion_level: {values: [O0]}
+  batch_size: {values: [2, 4]}
+  page_size: {values: [16]}
+  kv_policy: {values: [on_demand]}
+  device_power: {values: [1]}
+baseline: {batch_size: 2}
+speed_baselines:
+  as_loaded: {dtype: fp32, batch_size: 2}
+"""
+_OPENVINO_SPACE = """
+version: 1
+runtime: openvino
+dimensions:
+  batch_size: {values: [2, 4]}
+  device_power: {values: [1]}
+  weight_format: {values: [fp32]}
+  inference_precision: {values: [f32]}
+  kv_precision:
+    by: inference_precision
+    values: {f32: [f32]}
+baseline: {batch_size: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def mixed_study(tiny_folder, ov_cache, tmp_path_factory):
+    """Three trials of one study on the cpu backend over two runtimes: the engine's and OpenVINO's plain
+    deployments (their baselines, the first two trials), then one more of either."""
+    import autotune
+
+    tmp = tmp_path_factory.mktemp("mixed-study")
+    (tmp / "engine.yaml").write_text(_ENGINE_SPACE)
+    (tmp / "openvino.yaml").write_text(_OPENVINO_SPACE)
+    kwargs = dict(model=str(tiny_folder), backend="cpu", space=[tmp / "engine.yaml", tmp / "openvino.yaml"],
+                  minutes=0, seed=0, storage=f"sqlite:///{tmp}/s.db", study="mixed", out=tmp / "recipes",
+                  requests=4, prompt_tokens=(20, 30), output_tokens=8, repeats=1, warm_start=False)
+    first = autotune.search(trials=3, **kwargs)
+    return first, kwargs
+
+
+@pytest.mark.slow
+def test_one_study_measures_two_runtimes_on_one_front(mixed_study):
+    import optuna
+
+    from autotune.results.front import pareto_trials
+
+    result, _ = mixed_study
+    study = optuna.load_study(study_name=result.study, storage=result.storage)
+    trials = study.trials
+    runtimes = [DeployConfig.from_dict(t.user_attrs["config"]).runtime for t in trials]
+    # Each runtime's plain deployment first, in the registry's order; each gated on its own numbers.
+    assert runtimes[:2] == ["engine", "openvino"] and len(trials) == 3
+    assert [t.user_attrs.get("role") for t in trials[:2]] == ["baseline", "baseline"]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs["gate"]["passed"] for t in trials)
+    assert trials[0].params["batch_size[engine]"] == 2 and trials[1].params["batch_size[openvino]"] == 4
+    # The two runtimes' figures are of one workload, read on one front and in one table.
+    fronts = {DeployConfig.from_dict(t.user_attrs["config"]).runtime for t in pareto_trials(study)}
+    assert fronts and fronts <= {"engine", "openvino"}
+    assert "OpenVINO fp32@f32+kv:f32" in result.table and "fp32/O0/bs=" in result.table
+    written = [p for p in result.recipes if p.suffix == ".yaml"]
+    assert written and all(p.parent.name.startswith("cpu-") for p in written)
+
+
+@pytest.mark.slow
+def test_the_mixed_study_resumes_without_repeating_its_baselines(mixed_study):
+    import optuna
+
+    import autotune
+
+    first, kwargs = mixed_study
+    again = autotune.search(trials=1, **kwargs)
+    trials = optuna.load_study(study_name=again.study, storage=again.storage).trials
+    assert len(trials) == 4 and [t.user_attrs.get("role") for t in trials].count("baseline") == 2
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 4  # no configuration measured twice
+
+
+@pytest.mark.slow
+def test_an_openvino_recipe_is_verified_and_served_behind_autotunes_server(mixed_study, capsys):
+    """Its recipe says how it ran; `autotune verify` re-gates it; `autotune serve` runs the pipeline behind the
+    guard and the OpenAI API: a completion, a refused request without the key, the gauges of OpenVINO's cache."""
+    import json
+
+    from autotune.cli import main
+    from autotune.recipes.recipe import load_recipe
+    from autotune.serve.guard import Access
+    from tests.recipe_factory import Served
+
+    result, _ = mixed_study
+    paths = [p for p in result.recipes if load_recipe(p).config.runtime == "openvino"]
+    assert paths, "the front holds no OpenVINO point"
+    recipe = load_recipe(paths[0])
+    assert recipe.data["deploy"]["pipeline"].startswith("ContinuousBatchingPipeline(")
+    assert recipe.data["deploy"]["command"] == f"autotune serve {paths[0]}"
+    assert main(["verify", str(paths[0]), "--repeats", "1", "--tolerance", "1000"]) == 0
+    assert "FAIL" not in capsys.readouterr().out
+    served = Served(paths[0], access=Access(api_key="test-key-123"))
+    try:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=120)
+        body = json.dumps({"model": "m", "prompt": "The licence", "max_tokens": 6, "min_tokens": 6})
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json",
+                                                      "Authorization": "Bearer test-key-123"})
+        answer = conn.getresponse()
+        data = json.loads(answer.read())
+        assert answer.status == 200, data
+        assert data["usage"]["completion_tokens"] == 6 and data["choices"][0]["text"]
+        conn.close()
+        status, _ = served.post("/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})
+        assert status == 401  # the guard: no key, no answer
+        health = served.get("/health")
+        assert health[0] == 200 and json.loads(health[1])["configuration"]["runtime"] == "openvino"
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+        conn.request("GET", "/metrics", headers={"Authorization": "Bearer test-key-123"})
+        metrics = conn.getresponse().read().decode()
+        conn.close()
+        total = next(float(line.split()[-1]) for line in metrics.splitlines() if "kv_pages_total" in line
+                     and not line.startswith("#"))
+        assert total > 0  # OpenVINO's KV blocks, from its pipeline's cache size
+    finally:
+        served.close()

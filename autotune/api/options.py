@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.config.runtimes import RUNTIMES
 from autotune.config.workload import Workload
 from autotune.errors import UserInputError
 from autotune.study.settings import SAMPLERS
@@ -29,7 +30,8 @@ class SearchOptions:
     model: str
     backend: str
     hardware: str | None
-    space: str | Path | None
+    space: str | Path | tuple[str, ...] | None
+    runtimes: tuple[str, ...] | None
     trials: int | None
     minutes: float | None
     patience: int | None
@@ -64,6 +66,12 @@ class SearchOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise UserInputError(f"{name} must be a non-empty string or None, not {value!r}")
+        if self.runtimes is not None and (isinstance(self.runtimes, str) or not self.runtimes or not all(
+                isinstance(r, str) and r in RUNTIMES for r in self.runtimes)):
+            raise UserInputError(f"runtimes must be None (every runtime this machine can run) or names among "
+                                 f"{', '.join(RUNTIMES)}, not {self.runtimes!r}")
+        if self.runtimes is not None and self.space is not None:
+            raise UserInputError("give runtimes or a space file, not both: a space file names its runtime")
         for name in ("trials", "patience"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):

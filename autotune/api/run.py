@@ -16,14 +16,13 @@ from autotune.recipes.warm_start import enqueue_recipes
 from autotune.redact import redact
 from autotune.results.export import write_recipes
 from autotune.results.holdout import recheck_front
-from autotune.space.search_space import default_space, load_space
 from autotune.study.coordination import budget_target
 from autotune.study.loop import run_search
-from autotune.study.settings import SearchSettings
+from autotune.study.settings import SearchSettings, make_sampler
 from autotune.study.setup import open_study, prepare_study
 from autotune.study.stopping import DEFAULT_PATIENCE
 from autotune.study.storage import default_storage, resolve_url
-from autotune.study.workers import SETTINGS_ATTR, run_local_workers, settings_attr
+from autotune.study.workers import SETTINGS_ATTR, run_local_workers, search_space, settings_attr
 
 __all__ = ["search", "search_defaults"]
 
@@ -33,7 +32,8 @@ def search(
     *,
     backend: str = "cpu",
     hardware: str | None = None,
-    space: str | Path | None = None,
+    space: str | Path | list[str | Path] | None = None,
+    runtimes: tuple[str, ...] | list[str] | None = None,
     trials: int | None = None,
     minutes: float | None = 10.0,
     patience: int | None = DEFAULT_PATIENCE,
@@ -68,9 +68,15 @@ def search(
     reached the front (None: never for that), and says which rule stopped it. The study is
     `study` (default `<model>-<backend>[-<hardware>]`) in `storage` (an SQLAlchemy URL, default
     `sqlite:///studies/<study>.db`); calling again with the same ones resumes it. Recipes go under `out`.
-    `hardware` names a simulator profile (backend "sim"). The other options are those of `autotune search`
+    `hardware` names a simulator profile (backend "sim"). On the cpu backend the search spans `runtimes` (None:
+    every runtime this machine can run: autotune's engine, OpenVINO, llama.cpp where installed) on one front, each
+    from its default space; `space` gives a space file instead (or a list of them, one per runtime, as one). The other options are those of `autotune search`
     (see `autotune search --help`). Bad values raise UserInputError before anything is run.
     """
+    if isinstance(runtimes, list):
+        runtimes = tuple(runtimes)
+    if isinstance(space, list):
+        space = tuple(str(f) for f in space) if len(space) > 1 else (space[0] if space else None)
     return run(SearchOptions(**{name: value for name, value in locals().items() if name in _PARAMETERS}))
 
 
@@ -82,13 +88,25 @@ def search_defaults() -> dict[str, Any]:
     return {name: p.default for name, p in inspect.signature(search).parameters.items()}
 
 
+def _resumed_space(study, options: SearchOptions) -> tuple[str | None, tuple[str, ...] | None]:
+    """The space file and runtimes of this search: those given, or, resuming a study that names neither, those it
+    ran with (a study of the cpu backend from before searches spanned runtimes ran the engine's default file)."""
+    saved = study.user_attrs.get(SETTINGS_ATTR) or {}
+    if options.space is not None or options.runtimes is not None or not saved:
+        given = options.space if isinstance(options.space, tuple) else str(options.space) if options.space else None
+        return given, options.runtimes
+    if saved.get("space") and not saved.get("runtimes"):
+        log(f"resuming a study of one space: {saved['space']}")
+    space = saved.get("space")
+    return (tuple(space) if isinstance(space, list) else space), (tuple(saved["runtimes"]) if saved.get("runtimes")
+                                                                   else None)
+
+
 def run(options: SearchOptions) -> SearchResult:
     """Set the study up (reference, speed baselines and the baseline trial, once per study), queue the warm
     starts, run the trials here or in local workers, and write the front's recipes."""
     spec = resolve_model(options.model)
     backend = make_backend(options.backend, options.hardware, options.isolate, options.trial_memory_mb)
-    space_file = str(options.space or default_space(backend.runtime))
-    space = backend.space_for(load_space(space_file))
     hardware = options.hardware
     study_name = options.study or f"{spec.name}-{options.backend}" + (f"-{hardware}" if hardware else "")
     password_file = str(options.storage_password_file) if options.storage_password_file else None
@@ -103,6 +121,10 @@ def run(options: SearchOptions) -> SearchResult:
         guided=options.guided, patience=options.patience,
     )
     study = open_study(settings)
+    space_file, runtimes = _resumed_space(study, options)
+    space = search_space(backend, space_file, runtimes)
+    if space.parts:
+        study.sampler = make_sampler(settings.sampler, settings.seed, grouped=True)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "
         f"space {space.source} ({space.grid_size()} configurations)")
     setup_started = time.perf_counter()
@@ -115,7 +137,7 @@ def run(options: SearchOptions) -> SearchResult:
     if settings.timeout_s:
         settings.deadline = time.time() + settings.timeout_s
     study.set_user_attr(SETTINGS_ATTR, settings_attr(settings, options.backend, hardware, space_file,
-                                                     options.isolate))
+                                                     options.isolate, space.runtimes if space.parts else None))
     if options.workers > 1:
         run_local_workers(options.workers, study_name, settings.storage)
     else:

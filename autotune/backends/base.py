@@ -25,7 +25,9 @@ class Backend(ABC):
     - `fingerprint()` describes the hardware and software that produced the figures.
     - `capabilities()` says what the hardware computes natively (autotune/probe/), as adapt_space used it; None
       where nothing was probed.
-    - `gate_versions()` names the software whose kernels decide its gate figures, for the gate cache's key.
+    - `gate_versions()` names the software whose kernels decide its gate figures, for the gate cache's key;
+      `gate_identity(config)` is the (device, versions) a configuration's gate figures are keyed under (a backend
+      that runs several runtimes answers per runtime).
     `measured` is False for backends whose figures are predictions (the simulator). `runtime` is what runs its
     trials' configurations (config/runtimes.py): it searches spaces of that runtime only (`space_for`)."""
 
@@ -60,6 +62,10 @@ class Backend(ABC):
 
     def gate_versions(self) -> dict:
         return numerics_versions()
+
+    def gate_identity(self, config) -> tuple[str, dict]:
+        """(device name, versions) that `config`'s gate figures are keyed under, as its trial's child keys them."""
+        return self.name, self.gate_versions()
 
     def hardware_name(self) -> str:
         """A short, stable name of the hardware class, used in recipe paths."""

@@ -1,6 +1,7 @@
 """OpenVINO GenAI on this machine's CPU as a backend: each trial makes the configuration's IR (exported once per
-model, compressed once per weight format), runs the accuracy gate on OpenVINO's own logits and decode against the same fp32 reference, and benchmarks its ContinuousBatchingPipeline on the
-study's workload, in its own process (autotune/openvino/trial.py). The reference and the speed baselines are
+model, compressed once per weight format), runs the accuracy gate on OpenVINO's own logits and decode against the
+same fp32 reference, and benchmarks its ContinuousBatchingPipeline on the study's workload, in its own process
+(autotune/openvino/trial.py). The reference and the speed baselines are
 transformers', as for the cpu backend.
 
 Its space is of the openvino runtime (search_spaces/openvino.yaml): batch_size is the scheduler's max_num_seqs and

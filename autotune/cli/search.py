@@ -23,9 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--backend", default=_D["backend"])
     s.add_argument("--hardware", default=_D["hardware"],
                    help="hardware profile, for --backend sim (see autotune hardware)")
-    s.add_argument("--space", default=_D["space"],
-                   help="search-space YAML (default: search_spaces/default.yaml; search_spaces/llamacpp.yaml for "
-                        "--backend llamacpp)")
+    s.add_argument("--space", action="append", default=_D["space"],
+                   help="search-space YAML; repeat it with one file per runtime to search them on one front (default, "
+                        "on the cpu backend: every runtime's default space, as one; search_spaces/llamacpp.yaml for "
+                        "--backend llamacpp, openvino.yaml for --backend openvino)")
+    s.add_argument("--runtime", dest="runtimes", action="append", default=_D["runtimes"], metavar="RUNTIME",
+                   help="on the cpu backend, search this runtime (engine, openvino, llamacpp); repeat it for several "
+                        "(default: every runtime this machine can run, on one front)")
     s.add_argument("--trials", type=positive(int), default=_D["trials"],
                    help="at most this many new trials (default: no count; --timeout's budget ends the search)")
     s.add_argument("--patience", type=positive(int), default=_D["patience"],

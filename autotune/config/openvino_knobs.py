@@ -93,4 +93,5 @@ class OpenVinoKnobs:
     def label(self, batch_size: int, device_power: int) -> str:
         return (f"OpenVINO {self.scheme_label().removeprefix('ov:')}/seqs={batch_size}"
                 f"/tokens={self.max_num_batched_tokens}/cache={self.cache_size or 'auto'}GB"
-                f"/split_fuse={'on' if self.dynamic_split_fuse else 'off'}/prefix={'on' if self.prefix_caching else 'off'}/t={device_power or 'all'}")
+                f"/split_fuse={'on' if self.dynamic_split_fuse else 'off'}"
+                f"/prefix={'on' if self.prefix_caching else 'off'}/t={device_power or 'all'}")

@@ -23,9 +23,10 @@ SHARED_KNOBS = ("batch_size", "device_power")
 ENGINE_KNOBS = tuple(f.name for f in fields(EngineKnobs))
 LLAMACPP_KNOBS = tuple(f.name for f in fields(LlamaCppKnobs))
 OPENVINO_KNOBS = tuple(f.name for f in fields(OpenVinoKnobs))
-# How a runtime's recipes are served: "engine", autotune's engine in `autotune serve`'s own process; "llama-server",
-# llama.cpp's server exec'd by `autotune serve`; "none", not served yet (`autotune serve` refuses it in one line).
-SERVED_BY = ("engine", "llama-server", "none")
+# How a runtime's recipes are served: "autotune", by `autotune serve`'s own server (guard, OpenAI API, metrics) whose
+# engine loop drives the runtime's step runner in its process; "llama-server", llama.cpp's server exec'd by
+# `autotune serve`.
+SERVED_BY = ("autotune", "llama-server")
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,12 @@ class Runtime:
 
 DEFAULT_RUNTIME = EngineKnobs.RUNTIME
 RUNTIMES: dict[str, Runtime] = {
-    "engine": Runtime("engine", EngineKnobs, server="autotune's engine (autotune serve)", served_by="engine",
+    "engine": Runtime("engine", EngineKnobs, server="autotune's engine (autotune serve)", served_by="autotune",
                       trial_entry="autotune.trial", space_file="default.yaml", named=False),
     "llamacpp": Runtime("llamacpp", LlamaCppKnobs, server="llama-server", served_by="llama-server",
                         trial_entry="autotune.llamacpp.trial", space_file="llamacpp.yaml"),
-    "openvino": Runtime("openvino", OpenVinoKnobs, server="OpenVINO GenAI's ContinuousBatchingPipeline",
-                        served_by="none", trial_entry="autotune.openvino.trial", space_file="openvino.yaml"),
+    "openvino": Runtime("openvino", OpenVinoKnobs,
+                        server="OpenVINO GenAI's ContinuousBatchingPipeline in autotune serve", served_by="autotune", trial_entry="autotune.openvino.trial", space_file="openvino.yaml"),
 }
 
 

@@ -205,6 +205,10 @@ class Runner:
     def num_running(self) -> int:
         return self.scheduler.num_admitted
 
+    def kv_usage(self) -> tuple[int, int]:
+        """(pages held by sequences, pages of the cache less the null page)."""
+        return self.cache.pages_in_use, self.cache.num_pages - 1
+
     def step(self) -> list[Completion]:
         """Admit waiting requests up to `max_batch`, one prefill forward (all admitted prompts, or what
         `prefill_chunk` allows), then one decode step of every running sequence. Returns the completions that

@@ -78,3 +78,7 @@ def export_python() -> Path:
         ready.write_text("\n".join(export_requirements()) + "\n")
         log(f"openvino: export environment ready in {time.perf_counter() - started:.0f} s ({folder})")
     return python
+
+
+if __name__ == "__main__":  # scripts/setup.sh makes it ahead of the first search
+    print(export_python())

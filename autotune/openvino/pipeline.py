@@ -55,6 +55,8 @@ class OpenVinoPipeline:
             raise TrialFailure(f"OpenVINO could not make a pipeline for {config.label()}: {_first_line(exc)}") from None
         self._next_id = 0
         self._stateful = None
+        self._live: dict = {}  # a pipeline handle -> its Completion, or the _Forced state of a forced request
+        self._block_bytes = _block_bytes(folder, config)
 
     def close(self) -> None:
         self.pipe = self._stateful = None
@@ -66,8 +68,15 @@ class OpenVinoPipeline:
         gen.max_new_tokens = new
         gen.min_new_tokens = min_new
         gen.ignore_eos = min_new >= new  # the workload's requests and the reference's continuations run to length
+        if request.eos_token_id is not None:
+            gen.eos_token_id = request.eos_token_id
         if request.stop_ids:
             gen.stop_token_ids = set(request.stop_ids)
+        sampling = request.sampling
+        if sampling.temperature > 0 and not request.forced_ids:
+            gen.do_sample, gen.temperature, gen.top_p = True, sampling.temperature, sampling.top_p
+            if sampling.seed is not None:
+                gen.rng_seed = sampling.seed
         return gen
 
     def _submit(self, ids: list[int], request: Request, new: int, min_new: int):
@@ -78,40 +87,85 @@ class OpenVinoPipeline:
         self._next_id += 1
         return handle
 
+    # Step-wise, as autotune's engine runner (engine/peer.py StepRunner): the server's engine loop drives it.
+    @property
+    def max_batch(self) -> int:
+        return self.config.batch_size
+
+    def submit(self, request: Request, arrival: float | None = None) -> Completion:
+        """Queue a request; its Completion fills in as step() runs. Set `finish_reason` on it to cancel it.
+        Forced requests record their greedy choices (Completion.greedy_ids) and emit the forced tokens."""
+        c = Completion(request, arrival=time.perf_counter() if arrival is None else arrival)
+        if request.forced_ids:
+            self._live[self._submit(list(request.prompt_ids), request, request.max_new_tokens,
+                                    request.max_new_tokens)] = _Forced(c)
+        else:
+            self._live[self._submit(list(request.prompt_ids), request, request.max_new_tokens,
+                                    request.min_new_tokens)] = c
+        return c
+
+    @property
+    def num_running(self) -> int:
+        return self.pipe.get_metrics().scheduled_requests
+
+    @property
+    def num_waiting(self) -> int:
+        metrics = self.pipe.get_metrics()
+        return max(metrics.requests - metrics.scheduled_requests, 0)
+
+    def kv_usage(self) -> tuple[int, int]:
+        """(KV blocks in use, blocks allocated), from the pipeline's cache size and usage."""
+        metrics = self.pipe.get_metrics()
+        total = metrics.kv_cache_size_in_bytes // self._block_bytes if self._block_bytes else 0
+        return round(total * metrics.cache_usage / 100), total
+
+    def step(self) -> list[Completion]:
+        """One scheduler step of the pipeline (its prompt chunks and every running sequence's next token); returns
+        the completions that finished or were cancelled (their `finish_reason` set by the caller) during it."""
+        done: list[Completion] = []
+        for handle, owner in list(self._live.items()):
+            c = owner.completion if isinstance(owner, _Forced) else owner
+            if c.finish_reason:  # cancelled by the caller
+                handle.stop()
+                del self._live[handle]
+                done.append(c)
+        if not self._live:
+            return done
+        if not self.pipe.has_non_finished_requests():
+            raise TrialFailure(f"OpenVINO finished {len(self._live)} request(s) without their tokens")
+        self.pipe.step()
+        now = time.perf_counter()
+        for handle, owner in list(self._live.items()):
+            tokens = [t for out in handle.read().values() for t in out.generated_ids] if handle.can_read() else []
+            if isinstance(owner, _Forced):
+                if self._forced_tokens(handle, owner, tokens):
+                    del self._live[handle]
+                    if owner.completion.finish_reason:
+                        done.append(owner.completion)
+                continue
+            owner.output_ids.extend(tokens)
+            owner.token_times.extend([now] * len(tokens))
+            if _finished(handle):
+                owner.finish_reason = "length" if len(owner.output_ids) >= owner.request.max_new_tokens else "stop"
+                del self._live[handle]
+                done.append(owner)
+        return done
+
     def run(self, requests: list[Request]) -> list[Completion]:
-        """Every request submitted at once (offline arrival); the scheduler admits `batch_size` at a time. Forced
-        requests record their greedy choices (Completion.greedy_ids) and emit the forced tokens."""
-        completions = [Completion(r) for r in requests]
-        live: dict = {}  # handle -> its completion, or its _Forced
+        """Every request submitted at once (offline arrival); the scheduler admits `batch_size` at a time."""
         started = time.perf_counter()
-        for c in completions:
-            c.arrival = started
-            r = c.request
-            if r.forced_ids:
-                state = _Forced(c)
-                live[self._submit(list(r.prompt_ids), r, r.max_new_tokens, r.max_new_tokens)] = state
-            else:
-                live[self._submit(list(r.prompt_ids), r, r.max_new_tokens, r.min_new_tokens)] = c
-        while live:
-            if not self.pipe.has_non_finished_requests():
-                raise TrialFailure(f"OpenVINO finished {len(live)} request(s) without their tokens")
-            self.pipe.step()
-            now = time.perf_counter()
-            for handle, owner in list(live.items()):
-                tokens = [t for out in handle.read().values() for t in out.generated_ids] if handle.can_read() else []
-                done = isinstance(owner, _Forced) and self._forced_tokens(handle, owner, tokens, live)
-                if not isinstance(owner, _Forced):
-                    owner.output_ids.extend(tokens)
-                    owner.token_times.extend([now] * len(tokens))
-                    done = _finished(handle)
-                    if done:
-                        owner.finish_reason = "length" if len(owner.output_ids) >= owner.request.max_new_tokens \
-                            else "stop"
-                if done:
-                    live.pop(handle, None)
+        completions = [self.submit(r, arrival=started) for r in requests]
+        while self._live:
+            self.step()
         return completions
 
-    def _forced_tokens(self, handle, state: _Forced, tokens: list[int], live: dict) -> bool:
+    def warm_up(self) -> None:
+        """A full batch of short requests and a prompt longer than a step's token budget: the pipeline's first
+        steps (its memory and kernels' first use) are not a user's."""
+        self.run([Request([1] * 16, 2, min_new_tokens=2) for _ in range(self.max_batch)])
+        self.run([Request([1] * (self.config.max_num_batched_tokens + 8), 2, min_new_tokens=2)])
+
+    def _forced_tokens(self, handle, state: _Forced, tokens: list[int]) -> bool:
         """Take a forced submission's new choices; stopped and resubmitted past a differing one. True when this
         handle is done with."""
         c, r = state.completion, state.completion.request
@@ -128,7 +182,7 @@ class OpenVinoPipeline:
             if token != forced[position]:
                 handle.stop()
                 start = position + 1
-                live[self._submit(list(r.prompt_ids) + forced[:start], r, n - start, n - start)] = state
+                self._live[self._submit(list(r.prompt_ids) + forced[:start], r, n - start, n - start)] = state
                 return True
         if _finished(handle):
             raise TrialFailure(f"OpenVINO ended a forced request at {len(state.greedy)} of {n} tokens")
@@ -156,6 +210,25 @@ class OpenVinoPipeline:
     def drop_stateful(self) -> None:
         """Free the stateful model (the gate's alone: no part of serving) before the benchmark."""
         self._stateful = None
+
+
+# The CPU plugin's paged KV cache holds this many tokens a block.
+_BLOCK_TOKENS = 32
+_KV_BYTES = {"u8": 1, "u4": 0.5, "bf16": 2, "f32": 4}
+
+
+def _block_bytes(folder: Path, config: DeployConfig) -> int:
+    """Bytes of one KV block of every layer (keys and values), from the model's config.json; 0 where it cannot be
+    read (the gauges then say 0)."""
+    import json
+
+    try:
+        c = json.loads((folder / "config.json").read_text())
+        head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads") or c["num_attention_heads"]
+        return int(2 * c["num_hidden_layers"] * kv_heads * head_dim * _BLOCK_TOKENS * _KV_BYTES[config.kv_precision])
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return 0
 
 
 def _finished(handle) -> bool:

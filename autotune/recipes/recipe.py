@@ -16,7 +16,6 @@ import yaml
 
 from autotune import __version__
 from autotune.config.deploy import DeployConfig
-from autotune.config.runtimes import DEFAULT_RUNTIME, runtime_of
 from autotune.errors import UserInputError
 from autotune.gate.design import GATE_VERSION
 from autotune.host import class_note
@@ -264,9 +263,7 @@ def write_recipe(path: Path, recipe: dict, key: bytes | None = None) -> bool:
     """Write (sealed, signed with `key` where given) unless the file already holds the same bytes; True when the
     file changed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A runtime `autotune serve` does not serve yet (OpenVINO): its command re-measures it instead.
-    served = runtime_of(recipe["configuration"].get("runtime", DEFAULT_RUNTIME)).served_by != "none"
-    recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune {'serve' if served else 'verify'} {path}"}}
+    recipe = {**recipe, "deploy": {**recipe["deploy"], "command": f"autotune serve {path}"}}
     text = dump_recipe(recipe, key)
     if path.is_file() and path.read_text() == text:
         return False

@@ -25,9 +25,9 @@ def _params(config: dict, space: SearchSpace) -> dict | None:
         deploy = DeployConfig.from_dict(config)
     except (TypeError, ValueError):
         return None
-    if deploy.runtime != space.runtime:
+    if deploy.runtime not in space.runtimes:
         return None  # another runtime's recipe: llama.cpp's knobs mean nothing to the engine, and the other way
-    config = deploy.to_dict()
+    config = {**deploy.to_dict(), "runtime": deploy.runtime}
     params: dict = {}
     for dim in space.dimensions:
         if not dim.applies(params):

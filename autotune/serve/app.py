@@ -10,12 +10,16 @@ from pathlib import Path
 import torch
 
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
-from autotune.config.runtimes import runtime_of
+from autotune.config.runtimes import DEFAULT_RUNTIME, runtime_of
 from autotune.devices.registry import get_device
 from autotune.errors import UserInputError
+from autotune.host import num_cores
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer, model_checksum
+from autotune.openvino.ir_files import SAMPLES, ir_folder
+from autotune.openvino.serving import OpenVinoServing
 from autotune.progress import log
+from autotune.quant.calib_set import calibration_samples
 from autotune.quant.plan import quant_plan
 from autotune.recipes.recipe import Recipe
 from autotune.recipes.target import Placement, place
@@ -62,9 +66,11 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
                              f"recipe was made for ({recipe.data['model']['checksum']}); pass --force to serve anyway")
     config = recipe.config
     runtime = runtime_of(config.runtime)
-    if runtime.served_by != "engine":
+    if runtime.served_by != "autotune":
         raise UserInputError(f"{recipe.path} is a {runtime.name} recipe: `autotune serve` runs it with "
                              f"{runtime.server}, not with autotune's engine")
+    if runtime.name == "openvino":
+        return _openvino_for(recipe, spec, where)
     if where.threads:
         torch.set_num_threads(where.threads)
     device = get_device(where.backend)
@@ -77,6 +83,17 @@ def engine_for(recipe: Recipe, where: Placement, check_weights: bool, packages: 
     return engine, tokenizer, max_seq_len
 
 
+def _openvino_for(recipe: Recipe, spec, where: Placement) -> tuple[OpenVinoServing, object, int]:
+    """The recipe's OpenVINO IR (exported and compressed once, as its trial made it) and the pipeline that serves
+    it, with the recipe's threads."""
+    config, tokenizer = recipe.config, load_tokenizer(spec)
+    samples = calibration_samples(tokenizer, SAMPLES) if config.knobs.reads_calibration() else None
+    folder = ir_folder(spec, model_checksum(spec), config.knobs, samples)
+    threads = where.threads or config.device_power or num_cores()
+    log(f"serve: OpenVINO IR {folder}, {threads} threads")
+    return OpenVinoServing(folder, config, threads), tokenizer, recipe.max_seq_len
+
+
 def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_queue: int = 64,
                  force: bool = False, draft: bool = False, *, engine_here: bool = False,
                  access: Access | None = None) -> ServingServer:
@@ -87,9 +104,12 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     where = placement(recipe, draft)
     base_rss = rss_bytes()  # before the weights: what the packaged program's peak memory is counted from
     log(f"serve: building {recipe.config.label()} for {recipe.model} on {where.backend}")
-    startup = startup_cache(recipe, where.backend)  # this recipe's graphs, compiled by its last start
-    startup.load()
-    engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force, packages=startup.packages())
+    # This recipe's graphs, compiled by its last start (autotune's engine; OpenVINO compiles its own).
+    startup = startup_cache(recipe, where.backend) if recipe.config.runtime == DEFAULT_RUNTIME else None
+    if startup is not None:
+        startup.load()
+    engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force,
+                                                packages=startup.packages() if startup else None)
     if engine.packaged is not None:
         # Before any request: the program about to be served is checked against the recipe (serve/first_start.py).
         check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force)
@@ -102,7 +122,8 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     log(f"serve: warmed up in {time.perf_counter() - started:.1f} s")
     if (difference := recipe.build_difference(engine.build_record)) is not None:
         log(f"serve: {difference}")
-    startup.save()
+    if startup is not None:
+        startup.save()
     if engine.packaged is not None:
         startup.report_packages(engine.packaged)
     info = {"model": recipe.model, "recipe": str(recipe.path) if recipe.path else None,
@@ -131,12 +152,7 @@ def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: b
         key = "with" if access.api_key else "WITHOUT"
         log(f"serve: listening on {host}, not only loopback, {key} an API key: anyone who can reach this machine "
             f"{'and has the key ' if access.api_key else ''}can use it")
-    runtime = runtime_of(recipe.config.runtime)
-    if runtime.served_by == "none":
-        raise UserInputError(f"{recipe.path} is a {runtime.name} recipe, and `autotune serve` does not serve "
-                             f"{runtime.name} recipes yet: run it with {runtime.server} (its configuration is in the "
-                             "recipe)")
-    if runtime.served_by == "llama-server":
+    if runtime_of(recipe.config.runtime).served_by == "llama-server":
         # llama-cpp-python missing here: refused in one line, as for any backend.
         placement(recipe, draft)
         return serve_with_llama_server(recipe, host, port, force, api_key=access.api_key)

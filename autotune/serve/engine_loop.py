@@ -1,5 +1,6 @@
-"""The engine loop (vLLM's EngineCore role): one thread drives a Runner step by step; the HTTP server's event loop
-submits requests and is handed their tokens.
+"""The engine loop (vLLM's EngineCore role): one thread drives a step runner (engine/peer.py StepRunner: autotune's
+engine runner, or OpenVINO's pipeline) step by step; the HTTP server's event loop submits requests and is handed
+their tokens.
 
 The Runner is not thread-safe and never needs to be: only the engine thread touches it. Other threads talk to
 it through a bounded inbox; each request's events go back through the callback it was submitted with (the HTTP
@@ -20,7 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.engine import Completion, Engine, Request, Runner
+from autotune.engine import Completion, Engine, Request
+from autotune.engine.peer import StepRunner
 from autotune.progress import log
 
 __all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK"]
@@ -90,7 +92,7 @@ class EngineLoop:
         self.steps = 0
         self.busy_s = 0.0  # wall time inside engine steps: with the wall clock, how much of it the engine worked
 
-    def _new_runner(self) -> Runner:
+    def _new_runner(self) -> StepRunner:
         batch = self.engine.config.batch_size
         return self.engine.runner(max_seq_len=self.max_seq_len, pool_tokens=batch * self.max_seq_len,
                                   prefill_chunk=self.prefill_chunk, bucketed=True)
@@ -208,10 +210,9 @@ class EngineLoop:
                 still.append(h)
         outbox.send()
         self._live = still
-        cache = self._runner.cache
+        in_use, total = self._runner.kv_usage()
         self.gauges = {"queue_depth": self._inbox.qsize() + self._runner.num_waiting,
-                       "running": self._runner.num_running, "kv_pages_in_use": cache.pages_in_use,
-                       "kv_pages_total": cache.num_pages - 1}
+                       "running": self._runner.num_running, "kv_pages_in_use": in_use, "kv_pages_total": total}
 
     def _leave(self) -> None:
         with self._lock:

@@ -16,7 +16,8 @@ from autotune.config.deploy import (
 from autotune.config.runtimes import DEFAULT_RUNTIME, RUNTIMES, SHARED_KNOBS, other_knobs, runtime_of
 from autotune.errors import SpaceError
 
-__all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE", "default_space"]
+__all__ = ["Dimension", "SearchSpace", "SpeedBaseline", "load_space", "DEFAULT_SPACE", "default_space", "combine",
+           "RUNTIME_DIMENSION"]
 
 _SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 DEFAULT_SPACE = _SPACES / "default.yaml"
@@ -80,8 +81,14 @@ class SearchSpace:
     # Values the device runs only through a slow kernel ("w8a16@fp32" -> why): kept, but the guide tries them last.
     ordered_last: dict[str, str] = field(default_factory=dict)
     # What runs every configuration of this space (config/runtimes.py), as its file names it (`runtime:`): only a
-    # backend of that runtime searches it.
+    # backend of that runtime searches it. A space over several runtimes (`combine`) has each runtime's space in
+    # `parts` and the runtime as its first dimension; its `runtime` is the first part's.
     runtime: str = DEFAULT_RUNTIME
+    parts: tuple[SearchSpace, ...] = ()
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        return tuple(p.runtime for p in self.parts) or (self.runtime,)
 
     def dimension(self, name: str) -> Dimension:
         return next(d for d in self.dimensions if d.name == name)
@@ -111,7 +118,16 @@ class SearchSpace:
                 params[dim.name] = named[dim.trial_name(params)]
         return params
 
+    def baselines(self) -> list[dict[str, Any]]:
+        """Each runtime's plain deployment (its file's `baseline`), by dimension name: one per runtime, the first
+        trials of the study."""
+        if not self.parts:
+            return [self.baseline_params()]
+        return [{RUNTIME_DIMENSION: part.runtime, **part.baseline_params()} for part in self.parts]
+
     def baseline_params(self) -> dict[str, Any]:
+        if self.parts:
+            return self.baselines()[0]
         params: dict[str, Any] = {}
         for dim in self.dimensions:
             if not dim.applies(params):
@@ -124,8 +140,9 @@ class SearchSpace:
         return params
 
     def to_config(self, params: dict[str, Any]) -> DeployConfig:
-        """A trial's configuration: its parameters, of this space's runtime."""
-        return DeployConfig.from_params({**params, "runtime": self.runtime})
+        """A trial's configuration: its parameters, of the runtime they name (a space over several runtimes) or of
+        this space's."""
+        return DeployConfig.from_params({"runtime": self.runtime, **params})
 
     def restrict(self, name: str, keep: tuple[Any, ...], reason: str) -> SearchSpace:
         """A copy with `name` limited to `keep`; with nothing kept the dimension is dropped. The reason is recorded."""
@@ -168,6 +185,37 @@ class SearchSpace:
                 return count(i + 1, params)
             return sum(count(i + 1, {**params, dim.name: v}) for v in dim.values_for(params))
         return count(0, {})
+
+
+# The dimension of a space over several runtimes that picks the runtime; every other knob is conditional on it.
+RUNTIME_DIMENSION = "runtime"
+
+
+def combine(spaces: list[SearchSpace]) -> SearchSpace:
+    """One space over the runtimes of `spaces` (each already adapted by its backend), for a study whose front
+    compares engines: `runtime` first, then the shared knobs (batch, device power) with their values per runtime
+    (`by: runtime`, so that each runtime's are an Optuna parameter of their own), then each runtime's own knobs,
+    conditional on it. The speed baselines are the first space's."""
+    if len(spaces) == 1:
+        return spaces[0]
+    names = [s.runtime for s in spaces]
+    if len(set(names)) != len(names):
+        raise SpaceError(f"two spaces of one runtime: {names}")
+    dims: list[Dimension] = [Dimension(RUNTIME_DIMENSION, tuple(names), numerics=True)]
+    for shared in SHARED_KNOBS:
+        choices = {s.runtime: s.dimension(shared).values for s in spaces if shared in {d.name for d in s.dimensions}}
+        if choices:
+            dims.append(Dimension(shared, tuple(dict.fromkeys(v for vs in choices.values() for v in vs)),
+                                  by=RUNTIME_DIMENSION, choices=choices))
+    for s in spaces:
+        dims += [replace(d, when={RUNTIME_DIMENSION: (s.runtime,), **d.when}) for d in s.dimensions
+                 if d.name not in SHARED_KNOBS]
+    dropped = {(name if s is spaces[0] else f"{name}[{s.runtime}]"): note for s in spaces
+               for name, note in s.dropped.items()}
+    return SearchSpace(tuple(dims), {}, source=" + ".join(s.source for s in spaces), dropped=dropped,
+                       speed_baselines=spaces[0].speed_baselines,
+                       ordered_last={k: v for s in spaces for k, v in s.ordered_last.items()},
+                       runtime=spaces[0].runtime, parts=tuple(spaces))
 
 
 def _fail(path: str, node: yaml.Node | None, message: str) -> SpaceError:

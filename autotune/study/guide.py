@@ -4,6 +4,9 @@ study, and the next trial is taken from the predicted Pareto front of what has n
 every guided trial is built, gated and measured like any other, and the sampler (TPE) still proposes a share of
 the trials, so that the search is not bound to what the model believes.
 
+The simulator models autotune's engine: in a space over several runtimes the guide orders the engine's trials,
+and the other runtimes' trials come from their baselines and the sampler's turns.
+
 What the simulator cannot know is accuracy: numerics whose gate failed in this study are left out. Turns for speed
 take schemes already known to pass (exploit); the memory turn, where lower-bit schemes are what there is to gain,
 tries a scheme whose gate is not known yet, eagerly first (O0, no compile: the cheapest way to learn whether it
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.config.runtimes import DEFAULT_RUNTIME
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.models.registry import ModelSpec, resolve_model
@@ -23,7 +27,7 @@ from autotune.sim.anchors import CPU_METRICS
 from autotune.sim.fit import BOUNDS, CPU_FIT, Anchor, fit_factors, with_factors
 from autotune.sim.hardware import HardwareProfile, load_profile
 from autotune.sim.predict import predict
-from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import RUNTIME_DIMENSION, SearchSpace
 
 __all__ = ["Guide", "PROFILE_OF_BACKEND", "GUIDE_ROLE"]
 
@@ -43,6 +47,11 @@ SIM_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "batch_siz
 _ACCURACY_KNOBS = ("quant_method", "fallback_layers")
 
 
+def _engine(config: dict | None) -> bool:
+    """Whether a stored configuration is of autotune's engine, the runtime the simulator models."""
+    return bool(config) and config.get("runtime", DEFAULT_RUNTIME) == DEFAULT_RUNTIME
+
+
 def _key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
@@ -51,9 +60,13 @@ class Guide:
     def __init__(self, spec: ModelSpec, space: SearchSpace, workload: Workload, profile: HardwareProfile) -> None:
         self.spec, self.space, self.workload = spec, space, workload
         self.prior = self.profile = profile
+        engine = next((part for part in space.parts if part.runtime == DEFAULT_RUNTIME), None)
+        grid = [{RUNTIME_DIMENSION: DEFAULT_RUNTIME, **p} for p in engine.grid()] if engine else (
+            space.grid() if space.runtime == DEFAULT_RUNTIME else [])
         # Precisions the profile has no rate for (an adapted space holds none) cannot be predicted: left out.
-        self.grid = [p for p in space.grid() if all(
-            p.get(dim.name) in (None, *dim.values_for(p)[:1]) for dim in space.dimensions if dim.name not in SIM_KNOBS)
+        self.grid = [p for p in grid if all(
+            p.get(dim.name) in (None, *dim.values_for(p)[:1]) for dim in space.dimensions
+            if dim.name not in (*SIM_KNOBS, RUNTIME_DIMENSION))
             and p.get("dtype", "bf16") in profile.tflops]
         self.fitted_on = 0
 
@@ -73,7 +86,8 @@ class Guide:
         anchors = []
         for t in trials:
             bench, config = t.user_attrs.get("bench"), t.user_attrs.get("config")
-            if t.state != optuna.trial.TrialState.COMPLETE or not bench or not config or "duplicate_of" in t.user_attrs:
+            if t.state != optuna.trial.TrialState.COMPLETE or not bench or not _engine(config) \
+                    or "duplicate_of" in t.user_attrs:
                 continue
             anchors += [Anchor(self.spec, DeployConfig.from_dict(config), self.workload, metric, float(bench[metric]),
                                f"trial #{t.number}") for metric in CPU_METRICS if bench.get(metric)]
@@ -92,7 +106,7 @@ class Guide:
         passing: dict[tuple, dict] = {}
         for t in trials:
             gate, config = t.user_attrs.get("gate"), t.user_attrs.get("config")
-            if not gate or not config or "tie_aware_agreement" not in gate:
+            if not gate or not _engine(config) or "tie_aware_agreement" not in gate:
                 continue
             c = DeployConfig.from_dict(config)
             knobs = {k: getattr(c, k) for k in _ACCURACY_KNOBS if hasattr(c, k)}

@@ -195,8 +195,9 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings
     # Keyed by the numerics, the verdict's settings, the device and the threads: a cached entry's teacher-forced
     # verdict holds for this trial; its decode figures were of another batch and page size, so only a windows
     # failure ends the trial here, and a pass has the decode check run again in the trial.
-    job.gate = load_gate(trial_gate_key(job, checksum=study.user_attrs["model_checksum"], device=backend.name,
-                                        versions=backend.gate_versions(), eval_digest=study.user_attrs["eval_digest"]))
+    device, versions = backend.gate_identity(config)
+    job.gate = load_gate(trial_gate_key(job, checksum=study.user_attrs["model_checksum"], device=device,
+                                        versions=versions, eval_digest=study.user_attrs["eval_digest"]))
     cached_gate = job.gate
     if cached_gate is not None and not GateResult.from_dict(cached_gate).windows_passed:
         return JobResult(Status.GATED, gate=cached_gate, gate_cached=True)

@@ -1,6 +1,7 @@
 """What a study is run with: its settings, its objectives (the metric names the dashboard shows) and its sampler."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import optuna
@@ -46,12 +47,16 @@ class SearchSettings:
     patience: int | None = DEFAULT_PATIENCE
 
 
-def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """Constraints reach every sampler through Trial.set_constraint (Optuna 5), not through the sampler."""
+def make_sampler(name: str, seed: int | None, grouped: bool = False) -> optuna.samplers.BaseSampler:
+    """Constraints reach every sampler through Trial.set_constraint (Optuna 5), not through the sampler. `grouped`:
+    the space's knobs are conditional on the runtime, whose knobs no other runtime's trial has: TPE then models
+    each group of parameters that occur together (`group=True`) instead of falling back to independent sampling."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if name == "tpe":
         # Few trials are affordable on real hardware: start modelling after a handful of random ones.
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # group=True is experimental
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, group=grouped)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":

@@ -46,15 +46,19 @@ def open_study(settings: SearchSettings) -> optuna.Study:
 
 
 def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> bool:
-    """Queue the space's plain deployment as a trial unless the study holds it already (run, running or waiting);
-    True when it was queued. Called once per set-up, before warm starts and workers: the one place it is queued,
-    so that it is the study's first trial and is never queued twice, also on resume."""
-    params = space.trial_params(space.baseline_params())  # by Optuna's parameter names, as trials hold them
-    if any(t.params == params or t.system_attrs.get("fixed_params") == params
-           for t in study.get_trials(deepcopy=False)):
-        return False
-    study.enqueue_trial(params, user_attrs={"role": BASELINE_ROLE}, skip_if_exists=True)
-    return True
+    """Queue the space's plain deployment as a trial (each runtime's, in a space over several) unless the study
+    holds it already (run, running or waiting); True when one was queued. Called once per set-up, before warm
+    starts and workers: the one place it is queued, so that it is the study's first trial (the first of its
+    runtime) and is never queued twice, also on resume."""
+    queued = False
+    trials = study.get_trials(deepcopy=False)
+    for baseline in space.baselines():
+        params = space.trial_params(baseline)  # by Optuna's parameter names, as trials hold them
+        if any(t.params == params or t.system_attrs.get("fixed_params") == params for t in trials):
+            continue
+        study.enqueue_trial(params, user_attrs={"role": BASELINE_ROLE}, skip_if_exists=True)
+        queued = True
+    return queued
 
 
 def prepare_study(study: optuna.Study, settings: SearchSettings, backend: Backend, spec: ModelSpec,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.config.runtimes import DEFAULT_RUNTIME
 from autotune.config.workload import Workload
 from autotune.gate.corpus import EVAL_POSITIONS
 from autotune.models.registry import ModelSpec
@@ -123,13 +124,17 @@ def _unclamped(spec: ModelSpec | None, config: DeployConfig, workload: Workload,
                fixed_s: float | None, gated: bool, probe_compile_s: float | None) -> TrialLimit:
     if fixed_s:
         return TrialLimit(fixed_s, None, f"--trial-timeout {fixed_s:g} s")
-    if profile is None or spec is None or config.dtype not in profile.tflops:
-        walls = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")]
+    runtime = config.runtime
+    if runtime != DEFAULT_RUNTIME or profile is None or spec is None or config.dtype not in profile.tflops:
+        # The simulator models the engine alone: another runtime's trials are judged by that runtime's own.
+        walls = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")
+                 and (t.user_attrs.get("config") or {}).get("runtime", DEFAULT_RUNTIME) == runtime]
+        whose = "" if runtime == DEFAULT_RUNTIME else f" of {runtime}"
         if not walls:
-            return TrialLimit(NO_PROFILE_S, None, f"no profile models this backend: {NO_PROFILE_S:g} s until a "
-                                                  "trial has been measured")
+            return TrialLimit(NO_PROFILE_S, None, f"no profile models this{whose or ' backend'}: {NO_PROFILE_S:g} s "
+                                                  f"until a trial{whose} has been measured")
         limit = max(FLOOR_S, FACTOR * max(walls))
-        return TrialLimit(limit, None, f"{FACTOR}x the longest trial measured here ({max(walls):.0f} s)")
+        return TrialLimit(limit, None, f"{FACTOR}x the longest trial{whose} measured here ({max(walls):.0f} s)")
     parts = predicted_seconds(spec, config, workload, profile, repeats, repeat_time_s, gated)
     compiling = compile_estimate(config, spec.num_layers, trials, probe_compile_s, LOAD_S)
     parts["compile_s"] = compiling.seconds

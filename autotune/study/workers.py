@@ -6,16 +6,17 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 from sqlalchemy.engine import make_url
 
-from autotune.backends import make_backend
+from autotune.backends import Backend, make_backend
 from autotune.config.workload import Workload
 from autotune.errors import UserInputError
 from autotune.progress import log
 from autotune.redact import password_of, redact
-from autotune.space.search_space import load_space
+from autotune.space.search_space import SearchSpace, default_space, load_space
 from autotune.study.coordination import worker_id
 from autotune.study.loop import run_search
 from autotune.study.settings import SearchSettings, make_sampler
@@ -26,7 +27,28 @@ __all__ = ["SETTINGS_ATTR", "settings_attr", "join_study", "run_local_workers"]
 SETTINGS_ATTR = "worker_settings"  # everything a worker needs to run this study's trials as `search` would
 
 
-def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, space: str, isolate: bool) -> dict:
+def search_space(backend: Backend, space_file: str | Path | list | tuple | None,
+                 runtimes: tuple[str, ...] | None) -> SearchSpace:
+    """The space a search of `backend` runs: `space_file`'s where given (several files, one per runtime, as one
+    space on a backend that runs several runtimes); on such a backend (the CPU's `space_over`), the default spaces
+    of `runtimes` (None: every one this machine can run) as one; else the backend's runtime's default space."""
+    files = [space_file] if isinstance(space_file, (str, Path)) else list(space_file or ())
+    span = getattr(backend, "space_over", None)
+    if len(files) > 1:
+        if span is None:
+            raise UserInputError(f"backend {backend.name} runs one runtime: give it one space file")
+        return span(None, tuple(str(f) for f in files))
+    if files:
+        return backend.space_for(load_space(files[0]))
+    if span is not None:
+        return span(runtimes)
+    if runtimes is not None and tuple(runtimes) != (backend.runtime,):
+        raise UserInputError(f"backend {backend.name} runs the {backend.runtime} runtime only, not {list(runtimes)}")
+    return backend.space_for(load_space(default_space(backend.runtime)))
+
+
+def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, space: str | None, isolate: bool,
+                  runtimes: tuple[str, ...] | None = None) -> dict:
     return {"model": settings.model, "workload": settings.workload.to_dict(), "min_agreement": settings.min_agreement,
             "tie_epsilon": settings.tie_epsilon, "accept_marginal": settings.accept_marginal,
             "memory_budget_mb": settings.memory_budget_mb,
@@ -34,7 +56,8 @@ def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, 
             "trial_timeout_s": settings.trial_timeout_s, "repeats": settings.repeats,
             "repeat_time_s": settings.repeat_time_s, "timeout_s": settings.timeout_s, "deadline": settings.deadline,
             "trial_memory_mb": settings.trial_memory_mb, "backend": backend, "hardware": hardware, "space": space,
-            "isolate": isolate, "guided": settings.guided, "patience": settings.patience}
+            "runtimes": list(runtimes) if runtimes else None, "isolate": isolate, "guided": settings.guided,
+            "patience": settings.patience}
 
 
 def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[SearchSettings, dict]:
@@ -56,9 +79,10 @@ def join_study(name: str, storage: str, password_file: str | None = None, worker
     their index (their seed is the study's plus it); a worker on another machine passes None."""
     study, url = load_existing_study(name, storage, password_file)
     settings, saved = _settings(study, url, worker_index)
-    study.sampler = make_sampler(settings.sampler, settings.seed)
     backend = make_backend(saved["backend"], saved["hardware"], saved["isolate"], settings.trial_memory_mb)
-    space = backend.space_for(load_space(saved["space"]))
+    runtimes = saved.get("runtimes")
+    space = search_space(backend, saved["space"], tuple(runtimes) if runtimes else None)
+    study.sampler = make_sampler(settings.sampler, settings.seed, grouped=bool(space.parts))
     target = study.user_attrs["target_trials"]
     name = worker_id() if worker_index is None else str(worker_index)
     budget = f"{target} trials" if target is not None else "no trial count"
