@@ -1,7 +1,8 @@
-"""llama.cpp beside autotune's best recipe, on the same model, workload, prompts and thread count, in one run.
+"""The peer engines (OpenVINO GenAI, llama.cpp) beside autotune's best recipe, on the same model, workload, prompts
+and thread count, in one run.
 
-    python scripts/bench_peer.py [--recipe RECIPE] [--types source,Q8_0,F16,BF16] [--parallel 8] [--rounds 3]
-                                 [--best LLAMACPP_RECIPE] [--gate]
+    python scripts/bench_peer.py [--recipe RECIPE] [--peers openvino,llamacpp] [--types source,Q8_0,F16,BF16]
+                                 [--parallel 8] [--rounds 3] [--best LLAMACPP_RECIPE] [--best-openvino RECIPE] [--gate]
 
 Each engine runs in a fresh process of its own, built once: the recipe's engine (as `autotune serve` builds it; one
 timed run of the workload through the benchmark's own code per request), and one llama.cpp process per
@@ -12,6 +13,10 @@ reversed every other round, so that the machine's drift falls on all of them ali
 Rows: the recipe; llama.cpp as llama-server runs given only the shipped GGUF (its defaults: 4 slots, the model's
 trained context, batch 2048/512, flash attention auto, f16 KV); each GGUF type at --parallel sequences; and --best,
 the configuration of a recipe of `autotune search --backend llamacpp` (llama.cpp's knobs, searched and gated).
+OpenVINO's rows: its defaults as a user runs them after `optimum-cli export openvino --weight-format fp16`, with
+max_num_seqs at the recipe's batch and the recipe's threads (openvino/config.py PIPELINE_DEFAULTS), and
+--best-openvino, the configuration of an OpenVINO recipe (searched and gated); each through the pipeline's steps as
+its trials run it (autotune/openvino/pipeline.py). A recipe that is itself OpenVINO's runs as a peer row does.
 Peak memory: each process's high-water mark during its runs, minus its resident size before the weights were loaded
 (its interpreter and libraries). --gate adds each llama.cpp configuration's accuracy gate (llama.cpp's logits
 against the fp32 reference) before its timed runs."""
@@ -34,9 +39,12 @@ from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, rss_bytes, t
 from autotune.config.deploy import DeployConfig  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
 from autotune.gate.corpus import bench_prompts  # noqa: E402
+from autotune.llamacpp.build_info import installed as llamacpp_installed  # noqa: E402
 from autotune.llamacpp.config import SERVER_DEFAULTS, llamacpp_config  # noqa: E402
 from autotune.models.registry import resolve_model  # noqa: E402
 from autotune.models.weights import load_tokenizer, model_checksum  # noqa: E402
+from autotune.openvino.build_info import installed as openvino_installed  # noqa: E402
+from autotune.openvino.config import PIPELINE_DEFAULTS, openvino_config  # noqa: E402
 from autotune.recipes.recipe import load_recipe  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +52,10 @@ from bench_record import compare, machine, spread, write  # noqa: E402
 from bench_tables import peer_table  # noqa: E402
 
 RECIPES = "recipes/smollm2-135m/cpu-intel-xeon-processor-intel-f6m167-amx-2c"
+
+
+def _installed(peer: str) -> bool:
+    return (openvino_installed() if peer == "openvino" else llamacpp_installed()) is not None
 
 
 def _best_recipe(folder: str) -> str:
@@ -72,42 +84,67 @@ def _ours_worker(recipe_path: str) -> int:
     return 0
 
 
+def _peer_files(spec, checksum: str, tokenizer, config: DeployConfig, threads: int):
+    """The peer's files for `config`, made before the memory base (a quantizer's or exporter's memory is not the
+    engine's): llama.cpp's GGUF of its type, OpenVINO's IR of its weight format."""
+    if config.runtime == "llamacpp":
+        from autotune.llamacpp.gguf_files import gguf_file
+
+        return gguf_file(spec, checksum, config.gguf_type, threads)
+    from autotune.openvino.ir_files import SAMPLES, ir_folder
+    from autotune.quant.calib_set import calibration_samples
+
+    samples = calibration_samples(tokenizer, SAMPLES) if config.knobs.reads_calibration() else None
+    return ir_folder(spec, checksum, config.knobs, samples)
+
+
+def _peer_runner(path: Path, config: DeployConfig, threads: int):
+    if config.runtime == "llamacpp":
+        from autotune.llamacpp.engine import LlamaCppModel
+
+        return LlamaCppModel(path).context(config, threads)
+    from autotune.openvino.pipeline import OpenVinoPipeline
+
+    return OpenVinoPipeline(path, config, threads)
+
+
 def _peer_worker(model_name: str, config: DeployConfig, threads: int, workload: Workload, gate: bool) -> int:
     from autotune.benchmark.bench import run_figures
     from autotune.engine.sequence import Request
-    from autotune.llamacpp.engine import LlamaCppModel
-    from autotune.llamacpp.gguf_files import gguf_file
 
     spec = resolve_model(model_name)
     tokenizer = load_tokenizer(spec)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
     checksum = model_checksum(spec)
     threads = config.device_power or threads
-    path = gguf_file(spec, checksum, config.gguf_type, threads)  # made before the base: the quantizer's memory
+    path = _peer_files(spec, checksum, tokenizer, config, threads)
     trim_heap()
     base_rss = rss_bytes()
-    model = LlamaCppModel(path)
-    header: dict = {"path": str(path), "size_mb": path.stat().st_size / 2**20}
+    size = sum(f.stat().st_size for f in ([path] if path.is_file() else path.glob("*.bin")))
+    header: dict = {"path": str(path), "size_mb": size / 2**20}
+    runner = _peer_runner(path, config, threads)
     if gate:
         from autotune.gate.corpus import decode_prompts, eval_windows
-        from autotune.gate.reference import cached_reference
         from autotune.gate.peer import peer_gate
+        from autotune.gate.reference import cached_reference
         from autotune.models.weights import load_hf_model
 
         ref = cached_reference(checksum, tokenizer, 4096, lambda: load_hf_model(spec, "float32"))
-        ctx = model.context(config, threads)
-        header["gate"] = peer_gate(ctx, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
-        ctx.close()
-    ctx = model.context(config, threads)
+        header["gate"] = peer_gate(runner, ref, eval_windows(tokenizer), decode_prompts(tokenizer)).to_dict()
+        if config.runtime == "llamacpp":  # the gate's context apart from the benchmark's, as in its trials
+            runner.close()
+            runner = _peer_runner(path, config, threads)
+        else:
+            runner.drop_stateful()
     n = workload.output_tokens
     requests = [Request(p, n, min_new_tokens=n) for p in prompts]
-    ctx.run([Request(p, 4, min_new_tokens=4) for p in prompts[:config.batch_size]])  # warm-up: one wave of a few tokens
+    runner.run([Request(p, 4, min_new_tokens=4) for p in prompts[:config.batch_size]])  # warm-up: a short wave
     print("ready " + json.dumps(header), flush=True)
     for _ in sys.stdin:
         trim_heap()
         reset_peak()
         t0 = time.perf_counter()
-        completions = ctx.run(requests)
+        completions = runner.run(requests)
         figures = run_figures(completions, time.perf_counter() - t0)
         figures["peak_memory_mb"] = (peak_rss_bytes() - base_rss) / 2**20
         print(json.dumps(figures), flush=True)
@@ -148,13 +185,16 @@ class _Worker:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", help=f"default: the highest-throughput recipe of {RECIPES}")
+    parser.add_argument("--peers", default=",".join(p for p in ("openvino", "llamacpp") if _installed(p)),
+                        help="the peer engines to run (default: those installed here)")
     parser.add_argument("--types", default="source,Q8_0,F16,BF16")
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--threads", help="llama.cpp's thread counts for the type rows (default: the recipe's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--best", help="a recipe of the llamacpp backend: its configuration, one more row")
-    parser.add_argument("--gate", action="store_true", help="gate each llama.cpp configuration first")
-    parser.add_argument("--no-ours", action="store_true", help="llama.cpp rows only (no ratio)")
+    parser.add_argument("--best-openvino", help="an OpenVINO recipe: its configuration, one more row")
+    parser.add_argument("--gate", action="store_true", help="gate each peer configuration first")
+    parser.add_argument("--no-ours", action="store_true", help="peer rows only (no ratio)")
     parser.add_argument("--ours-worker", help=argparse.SUPPRESS)
     parser.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -165,16 +205,25 @@ def main() -> int:
     workload = Workload(**recipe.data["workload"])
     threads = recipe.data.get("threads") or recipe.config.device_power
     if args.peer_worker:
-        config = llamacpp_config(json.loads(args.peer_worker))
-        return _peer_worker(recipe.model, config, threads, workload, args.gate)
+        return _peer_worker(recipe.model, DeployConfig.from_dict(json.loads(args.peer_worker)), threads, workload,
+                            args.gate)
 
-    base = replace(SERVER_DEFAULTS, batch_size=args.parallel, n_ctx=4096)
-    rows: list[tuple[str, DeployConfig]] = [("llama-server defaults, shipped GGUF", SERVER_DEFAULTS)]
-    counts = [int(n) for n in args.threads.split(",")] if args.threads else [threads]
-    rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, device_power=n))
-             for n in counts for t in args.types.split(",")]
-    if args.best:
-        rows.append((f"llama.cpp's search: {args.best}", llamacpp_config(load_recipe(args.best).config)))
+    peers = [p for p in args.peers.split(",") if p]
+    rows: list[tuple[str, DeployConfig]] = []
+    if "openvino" in peers:
+        rows.append(("OpenVINO defaults, fp16 export", replace(PIPELINE_DEFAULTS, batch_size=recipe.config.batch_size,
+                                                               device_power=threads)))
+        if args.best_openvino:
+            rows.append((f"OpenVINO's search: {args.best_openvino}",
+                         openvino_config(load_recipe(args.best_openvino).config)))
+    if "llamacpp" in peers:
+        base = replace(SERVER_DEFAULTS, batch_size=args.parallel, n_ctx=4096)
+        rows.append(("llama-server defaults, shipped GGUF", SERVER_DEFAULTS))
+        counts = [int(n) for n in args.threads.split(",")] if args.threads else [threads]
+        rows += [(f"{t}, np {args.parallel}, {n} threads", replace(base, gguf_type=t, device_power=n))
+                 for n in counts for t in args.types.split(",")]
+        if args.best:
+            rows.append((f"llama.cpp's search: {args.best}", llamacpp_config(load_recipe(args.best).config)))
     print(f"recipe {recipe_path}: {recipe.config.label()}; {threads} threads; workload {workload.num_requests} "
           f"requests, prompts {workload.prompt_min}-{workload.prompt_max} tokens, {workload.output_tokens} new",
           flush=True)
@@ -182,9 +231,12 @@ def main() -> int:
     try:
         if not args.no_ours:
             print("ours: build and warm up", flush=True)
-            workers.append(_Worker("ours", ["--recipe", recipe_path, "--ours-worker", recipe_path]))
+            # A recipe of a peer runtime (the search's best may be OpenVINO's) runs as that peer's rows do.
+            own = recipe.config.runtime == "engine"
+            argv = ["--ours-worker", recipe_path] if own else ["--peer-worker", json.dumps(recipe.config.to_dict())]
+            workers.append(_Worker("ours", ["--recipe", recipe_path, *argv]))
         for label, config in rows:
-            print(f"llama.cpp {label}: {config.label()}", flush=True)
+            print(f"{label}: {config.label()}", flush=True)
             argv = ["--recipe", recipe_path, "--peer-worker", json.dumps(config.to_dict())]
             workers.append(_Worker(label, argv + (["--gate"] if args.gate else [])))
         figures: dict[str, list[dict]] = {w.label: [] for w in workers}

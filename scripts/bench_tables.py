@@ -82,7 +82,7 @@ def _loadtest(levels: list[dict]) -> str:
 
 
 def peer_table(record: dict) -> str:
-    """bench_peer.py: our recipe and llama.cpp's configurations, each engine in its own process, medians."""
+    """bench_peer.py: our recipe and the peer engines' configurations, each engine in its own process, medians."""
     ours = record["engines"].get("ours")
     rows = [["engine", "configuration", "tok/s, median (range)", "TTFT p50 ms", "TPOT p50 ms", "peak MB",
              "ours / this", "ours against this", "gate (tie-aware / decode)"], ["---"] * 9]
