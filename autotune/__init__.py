@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.noise import quiet_known_noise
+
 __version__ = "0.1.0"
+quiet_known_noise()
 # The API pulls in Optuna, the backends and torch's loaders: imported on first use, so that `import autotune` (and
 # every trial child process, which imports it) stays cheap.
 _API = ("search", "SearchResult", "ParetoPoint", "TrialCounts")

@@ -86,3 +86,13 @@ def test_keys_come_from_a_variable_a_file_or_the_argument(tmp_path, monkeypatch)
         read_key("short")
     with pytest.raises(UserInputError, match="the environment variable MISSING is empty"):
         read_key("env:MISSING")
+
+
+def test_a_signature_with_characters_outside_ascii_is_refused_not_a_crash():
+    """An edited file may hold any text where the signature's value was: refused in one line, never TypeError."""
+    from autotune.recipes.signature import sign, signature_problem
+
+    data = sign({"model": {"name": "m"}}, KEY.encode())
+    data["signature"]["value"] = "é" * 64
+    assert signature_problem(data, KEY.encode()).startswith("its signature does not match")
+    assert signature_problem(sign({"model": {"name": "m"}}, KEY.encode()), KEY.encode()) is None

@@ -165,3 +165,24 @@ def test_verify_builds_the_layers_the_recipe_kept(tmp_path, tiny_model_folder, m
     main(["verify", str(path), "--repeats", "1"])
     trial = next(job for job in jobs if job.kind is JobKind.TRIAL)
     assert trial.keep == kept and load_recipe(path).kept_layers == tuple(kept)
+
+
+def test_a_recipe_of_other_weights_fails_without_a_build_unless_forced(tmp_path, tiny_model_folder, monkeypatch,
+                                                                      capsys):
+    """Its gate and figures are of other weights: verify says so and fails before building anything; --force
+    measures these weights and passes on the gate alone, the figures not judged."""
+    path = tiny_recipe(tmp_path, tiny_model_folder, batch_size=2)
+    data = yaml.safe_load(path.read_text())
+    data["model"]["checksum"] = "sha256:" + "0" * 64
+    data["checksum"] = recipe_checksum(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("AUTOTUNE_CACHE", str(tmp_path / "cache"))
+    jobs: list = []
+    monkeypatch.setattr(autotune.recipes.verify, "get_backend", lambda name: _Recording(name, jobs))
+    assert main(["verify", str(path), "--repeats", "1"]) == 1
+    shown = capsys.readouterr().out
+    assert "are not the ones the recipe was made for" in shown and "FAILED: other weights" in shown and not jobs
+    assert main(["verify", str(path), "--repeats", "1", "--force"]) == 0
+    shown = capsys.readouterr().out
+    assert "NOT judged" in shown and "were not judged" in shown and "verify: OK" not in shown
+    assert any(job.kind is JobKind.TRIAL for job in jobs)

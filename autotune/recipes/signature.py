@@ -44,7 +44,8 @@ def signature_problem(data: dict, key: bytes) -> str | None:
         return "it is not signed (export it with `autotune export --sign KEY`)"
     if signature.get("algorithm") != ALGORITHM:
         return f"its signature is {signature.get('algorithm')!r}, not {ALGORITHM}"
-    if not hmac.compare_digest(str(signature.get("value", "")), _mac(data, key)):
+    # As bytes: compare_digest refuses a str with non-ASCII characters (TypeError), which an edited file may hold.
+    if not hmac.compare_digest(str(signature.get("value", "")).encode(), _mac(data, key).encode()):
         return "its signature does not match (signed with another key, or edited after it was signed)"
     return None
 

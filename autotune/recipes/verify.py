@@ -96,8 +96,6 @@ def _measure(recipe: Recipe, backend: Backend, threads: int | None, repeats: int
         raise UserInputError(f"{recipe.model} has no weights on this machine: its recipe cannot be measured here "
                              "(verify it where the model's weights are, or use a local Hugging Face folder)")
     checksum = model_checksum(spec)
-    if checksum != data["model"]["checksum"]:
-        log(f"verify: the weights here ({checksum}) differ from the recipe's ({data['model']['checksum']})")
     gate = data.get("gate") or {}
     common = dict(model=recipe.model, workload=data["workload"], eval_positions=EVAL_POSITIONS, repeats=repeats)
     if not reference_path(checksum, eval_set_digest(EVAL_POSITIONS)).is_file():
@@ -188,6 +186,16 @@ def verify(args) -> int:
             print(f"  {line}")
     else:
         print("fingerprint: same hardware and software as the recipe")
+    spec = resolve_model(recipe.model)
+    here = model_checksum(spec) if spec.has_weights else None
+    if here is not None and here != data["model"]["checksum"]:
+        # The recipe's gate and figures are of other weights: a pass here would not be its pass.
+        print(f"verify: the weights of {recipe.model} here ({here}) are not the ones the recipe was made for "
+              f"({data['model']['checksum']})" + ("; --force: measured anyway, NOT judged" if args.force else ""))
+        if not args.force:
+            print("verify: FAILED: other weights (pass --force to measure them anyway)")
+            return 1
+        comparable = False
     repeats = args.repeats or int(data["metrics"].get("repeats") or 3)
     result = _measure(recipe, backend, where.threads, repeats, args.timeout)
     if result.build and (difference := recipe.build_difference(result.build)):
@@ -199,7 +207,8 @@ def verify(args) -> int:
         print("verify: FAILED: the accuracy gate fails here")
         return 1
     if not comparable and not recipe.simulated:
-        print("verify: the gate passes here; the figures belong to another hardware class and were not judged")
+        print("verify: the gate passes here; the figures belong to another hardware class or other weights and "
+              "were not judged")
         return 0
     if recipe.simulated:
         assert recipe.path is not None
