@@ -25,9 +25,11 @@ def bench(tput: float, tpot: float, mem: float) -> dict:
 
 def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-cpu",
                points: list[tuple[dict, dict, dict | None, dict]] | None = None,
-               measured: bool = True, sim_hardware: str = "h100") -> tuple[optuna.Study, str]:
+               measured: bool = True, sim_hardware: str = "h100",
+               trial_attrs: dict | None = None) -> tuple[optuna.Study, str]:
     """points: (config, bench, gate, constraints) per trial; a gate with passed False is recorded as pruned.
-    A simulated study (measured False) is of the hardware profile `sim_hardware`."""
+    A simulated study (measured False) is of the hardware profile `sim_hardware`. `trial_attrs`: set on every trial
+    (what the search records of how it ran: `measured_under`)."""
     from autotune.backends.cpu import CpuBackend
     from autotune.models.registry import resolve_model
     from autotune.models.weights import model_checksum
@@ -47,7 +49,7 @@ def make_study(folder: Path, model: Path, storage_dir: Path, name: str = "tiny-c
     versions = {"python": "3.11", "torch": "x"} if measured else {"simulator": "1", "profile": f"{sim_hardware} v2"}
     for config, figures, gate, constraints in points or []:
         user = {"config": config, "bench": figures, "gate": gate, "versions": versions, "threads": 2,
-                "build_s": 0.5, "constraints": constraints}
+                "build_s": 0.5, "constraints": constraints, **(trial_attrs or {})}
         if gate is not None and not gate.get("passed", True):
             study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, user_attrs=user))
             continue

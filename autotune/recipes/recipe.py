@@ -135,8 +135,8 @@ def holdout_of(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict | N
 
 
 def holdout_verdict(record: dict | None) -> str | None:
-    """A held-back check's verdict: "pass", "FAIL", "marginal" (undecided at the cap: kept) or "not run" (its reason
-    stored); None where there is no check."""
+    """A held-back check's verdict: "pass", "FAIL", "marginal" (undecided at the cap) or "not run" (its reason
+    stored); None where there is no check. The last two leave the front unless --accept-marginal (results/front.py)."""
     if not record:
         return None
     if "reason" in record:

@@ -10,9 +10,12 @@ __all__ = ["pareto_trials", "exportable"]
 
 
 def _held_back_failed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-    """Its held-back check (autotune/results/holdout.py) decided against it; not one that could not run or was left
-    undecided."""
-    return holdout_verdict(holdout_of(study, trial)) == "FAIL"
+    """Its held-back check (autotune/results/holdout.py) did not pass it: decided against it, or (unless the search
+    ran with --accept-marginal, as the trial gate's marginal verdict) left it undecided at its cap or could not run.
+    Undecided is not a pass: a build whose misses cluster in a few prompts ends there, however high its estimate."""
+    verdict = holdout_verdict(holdout_of(study, trial))
+    accepted = bool((trial.user_attrs.get("measured_under") or {}).get("accept_marginal"))
+    return verdict == "FAIL" or (verdict in ("marginal", "not run") and not accepted)
 
 
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

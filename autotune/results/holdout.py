@@ -5,7 +5,8 @@ builds near the threshold, the one that passed by luck on those prompts is favou
 each front configuration and runs the decode check's rule on the held-back prompts (autotune/gate/corpus.py), which
 took no part in any choice, and stores the verdict and figures with the study (and so with its recipe). A
 configuration that fails it leaves the front, and the next configuration that the front then holds is checked in
-turn; a marginal verdict or a check that could not run (its reason stored) keeps the configuration, saying so."""
+turn. A marginal verdict or a check that could not run (its reason stored) takes it off too, unless the search ran
+with --accept-marginal: then it keeps its place and its recipe says so."""
 from __future__ import annotations
 
 import time
