@@ -14,6 +14,7 @@ from autotune.progress import log
 from autotune.study.coordination import NOT_RUN_ATTR, counted, fail_and_retry
 from autotune.study.guide import GUIDE_ROLE, Guide
 from autotune.study.optuna_private import frozen_trial
+from autotune.study.peer_turns import PEER_ROLE, next_peer_params, peer_runtimes
 
 __all__ = ["GUIDED_SHARE_OF_LEFT", "MAX_MISSES", "MAX_REPEATS", "MIN_EAGER_POINTS", "FIRST_ROLE",
            "typical_trial_s", "enqueued", "over_budget", "enqueue_guided", "enqueue_first_builds", "FIRSTS"]
@@ -83,6 +84,8 @@ def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: 
         return True
     started = time.perf_counter()
     guided = sum(t.user_attrs.get("role") == GUIDE_ROLE for t in study.get_trials(deepcopy=False))
+    if guided % PEER_SHARE == PEER_SHARE - 1 and _enqueue_peer(study, guide, fits):
+        return True
     picked = guide.next_params(study, turn=guided, fits=fits)
     if picked is None:
         return fits is None or guide.next_params(study, turn=guided) is None
@@ -90,6 +93,23 @@ def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: 
     study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE, "predicted": predicted})
     _log_pick(guide, "guide", predicted, started)
     return True
+
+
+# In a space over several runtimes, every this-many-th guided turn goes to a runtime the simulator does not model
+# (study/peer_turns.py), where it has a measured configuration to start from.
+PEER_SHARE = 3
+
+
+def _enqueue_peer(study: optuna.Study, guide: Guide, fits: Callable[[DeployConfig], bool] | None) -> bool:
+    """Queue the next configuration of the fastest runtime but the engine that has one to try; False when none."""
+    for runtime in peer_runtimes(study, guide.space) if guide.space.parts else ():
+        params = next_peer_params(study, guide.space, runtime, fits)
+        if params is not None:
+            study.enqueue_trial(guide.space.trial_params(params), user_attrs={"role": GUIDE_ROLE,
+                                                                             "picked_by": PEER_ROLE})
+            log(f"  guide: {runtime}'s turn, one knob away from its best measured configuration")
+            return True
+    return False
 
 
 # What a search tries once of each as soon as it can afford it, with the eager trials it needs measured first:
