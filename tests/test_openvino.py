@@ -367,3 +367,33 @@ def test_an_openvino_recipe_is_verified_and_served_behind_autotunes_server(mixed
         assert total > 0  # OpenVINO's KV blocks, from its pipeline's cache size
     finally:
         served.close()
+
+
+def test_runtimes_are_named_and_checked_before_anything_runs():
+    import autotune
+    from autotune.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="runtimes must be None .* or names among engine, llamacpp, openvino"):
+        autotune.search(runtimes=["engine", "tensorrt"])
+    with pytest.raises(UserInputError, match="give runtimes or a space file, not both"):
+        autotune.search(runtimes=["engine"], space="search_spaces/default.yaml")
+
+
+@pytest.mark.slow  # the CPU's capability probe, once per machine
+def test_the_cpu_backend_spans_the_runtimes_it_can_run_and_refuses_one_it_cannot(capsys):
+    from autotune.errors import BackendUnavailable
+
+    backend = CpuBackend()
+    here = backend.runtimes_here()
+    assert here["engine"] is None
+    space = backend.space_over(None)
+    said = capsys.readouterr()
+    assert space.runtimes == tuple(r for r, why in here.items() if why is None)
+    assert space.dimensions[0].name == "runtime" and space.dimension("batch_size").by == "runtime"
+    assert [space.to_config(b).runtime for b in space.baselines()] == list(space.runtimes)
+    for name, why in here.items():
+        if why:
+            assert f"runtime {name}: not searched here ({why})" in said.err + said.out
+            with pytest.raises(BackendUnavailable, match=f"runtime {name} cannot run here"):
+                backend.space_over((name,))
+    assert backend.space_over(("engine",)).runtimes == ("engine",)  # one runtime: its own space, as before
