@@ -39,8 +39,9 @@ served.close()
 """
 
 
-def _start(recipe: Path, cache: Path, inductor: Path) -> tuple[dict, str]:
-    env = {**os.environ, "AUTOTUNE_CACHE": str(cache), "TORCHINDUCTOR_CACHE_DIR": str(inductor),
+def _start(recipe: Path, cache: Path) -> tuple[dict, str]:
+    # No TORCHINDUCTOR_CACHE_DIR given: `autotune serve` sets its own, the private folder under the cache root.
+    env = {**{k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}, "AUTOTUNE_CACHE": str(cache),
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", START, str(recipe)], env=env, capture_output=True, text=True,
@@ -58,15 +59,16 @@ def o1_recipe(tmp_path_factory, decided_model_folder) -> Path:
 
 @pytest.mark.slow
 def test_second_start_loads_what_the_first_saved_with_the_same_tokens(o1_recipe, tmp_path):
-    inductor = tmp_path / "inductor"
-    cold, cold_log = _start(o1_recipe, tmp_path, inductor)
+    inductor = tmp_path / "inductor"  # where serve keeps inductor's kernels: autotune's private folder
+    cold, cold_log = _start(o1_recipe, tmp_path)
     assert "start-up cache not used: none yet" in cold_log and "start-up cache saved in" in cold_log, cold_log
     assert cold["status"] == 200 and cold["counts"]["misses"] > 0 and cold["counts"]["hits"] == 0
     # inductor's own entries gone (its kernels kept, as on this machine they stay): what the second start finds
     # compiled can only come from the start-up cache.
+    assert (inductor / "fxgraph").is_dir() and oct(inductor.stat().st_mode & 0o777) == "0o700"
     for entries in ("fxgraph", "aotautograd"):
         shutil.rmtree(inductor / entries)
-    warm, warm_log = _start(o1_recipe, tmp_path, inductor)
+    warm, warm_log = _start(o1_recipe, tmp_path)
     figures = f"cold {cold}, warm {warm}"
     assert "start-up cache loaded from" in warm_log, warm_log
     assert warm["counts"]["misses"] == 0 and warm["counts"]["hits"] >= cold["counts"]["misses"], figures
@@ -168,3 +170,18 @@ def test_o2_graphs_are_said_not_cacheable_with_inductors_reason(tmp_path, monkey
     startup.save()
     err = capsys.readouterr().err
     assert "not cacheable by torch (mkldnn tensors unpickleable)" in err, err
+
+
+def test_a_bundle_in_a_folder_others_can_write_is_never_loaded(cache, capsys):
+    """Its artifacts are compiled kernels loaded into the server: from a folder others could have written them to,
+    refused with the reason and the fix, as O2's packages are."""
+    import os
+
+    _bundle(cache.folder, cache.key)
+    os.chmod(cache.folder, 0o777)
+    try:
+        assert cache.load() is False
+        err = capsys.readouterr().err
+        assert "start-up cache not used: refusing to load native code from" in err and "writable by" in err, err
+    finally:
+        os.chmod(cache.folder, 0o700)

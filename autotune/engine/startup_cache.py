@@ -27,7 +27,7 @@ import torch
 
 from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
 from autotune.engine.packaged import digests_path
-from autotune.paths import cache_root, private_dir, write_atomic
+from autotune.paths import cache_root, private_dir, untrusted, write_atomic
 from autotune.progress import log
 
 __all__ = ["StartupCache", "ARTIFACTS", "META", "PACKAGES"]
@@ -145,10 +145,13 @@ class StartupCache:
         return self.loaded
 
     def _refusal(self) -> str | None:
-        """Why the bundle is not to be loaded; None when it is."""
+        """Why the bundle is not to be loaded; None when it is. Its artifacts are compiled kernels that torch loads
+        into this process: from a folder others could write to, never (as O2's packages)."""
         meta_path, data_path = self.folder / META, self.folder / ARTIFACTS
         if not meta_path.exists():
             return f"none yet in {self.folder}"
+        if (why := untrusted(self.folder)) is not None:
+            return why
         try:
             meta = json.loads(meta_path.read_text())
             made_under, digest = dict(meta["key"]), str(meta["sha256"])

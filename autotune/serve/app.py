@@ -12,6 +12,7 @@ import torch
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.config.runtimes import DEFAULT_RUNTIME, runtime_of
 from autotune.devices.registry import get_device
+from autotune.engine.compiler_cache import compiler_cache_env
 from autotune.errors import UserInputError
 from autotune.host import num_cores
 from autotune.models.registry import resolve_model
@@ -107,6 +108,9 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     # This recipe's graphs, compiled by its last start (autotune's engine; OpenVINO compiles its own).
     startup = startup_cache(recipe, where.backend) if recipe.config.runtime == DEFAULT_RUNTIME else None
     if startup is not None:
+        # Inductor's kernels are compiled and loaded from the private folder trials use, never from the shared
+        # /tmp/torchinductor_$USER that anyone could write to first.
+        os.environ.update(compiler_cache_env())
         startup.load()
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force,
                                                 packages=startup.packages() if startup else None)
