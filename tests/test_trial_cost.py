@@ -216,3 +216,21 @@ def test_a_pick_past_the_budget_is_recorded_not_run_and_a_queued_one_waits_for_t
     queued = study.ask()
     assert _over_budget(study, queued, config, 300.0, 200.0)
     assert study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # queued again for the next run
+
+
+def test_o2s_packaged_compile_reaches_the_trials_timing_and_the_cost_model():
+    """O2 is torch.export and AOTInductor packages, which dynamo's timers never see: the packages' own seconds are
+    the trial's compile_s, and the study's compile estimate for O2 learns from them."""
+    from autotune.study.compile_cost import compile_estimate
+    from autotune.trial.run import _EngineStages
+
+    stages = object.__new__(_EngineStages)
+    stages.engine = types.SimpleNamespace(packaged=types.SimpleNamespace(compile_seconds=120.0))
+    assert stages.timing()["compile_s"] >= 120.0
+    stages.engine = types.SimpleNamespace(packaged=None)
+    assert stages.timing()["compile_s"] < 120.0
+    config = DeployConfig(fusion_level="O2", layers_per_subgraph=0, batch_size=16)
+    trial = optuna.trial.create_trial(values=[1.0, 1.0, 1.0], user_attrs={
+        "config": config.to_dict(), "timing": {"compile_s": 120.0}})
+    estimate = compile_estimate(config, 30, [trial], probe_compile_s=10.0, load_s=30.0)
+    assert estimate.seconds == pytest.approx(120.0) and "of this study's 1 O2 trials" in estimate.how

@@ -1,9 +1,9 @@
 """What a trial's compile costs on this machine: its graphs' size in units (a decoder layer in a graph, plus one per
 graph for tracing and the C++ build), times seconds per unit. Before the study has compiled at a fusion level, the
-seconds per unit come from the capability probe's small inductor compile (probe/compile_time.py), scaled by a ratio
-measured once on a 2-core EPYC (docs/measurements.md, "What a compile costs"); after, from this study's own trials
-at that level, timeouts included: a trial killed before its gate finished compiled for at least its wall time less
-its loading, a lower bound that can only raise the next prediction.
+seconds per unit come from the capability probe's small inductor compile (probe/compile_time.py), scaled by a prior
+ratio (PROBE_S_PER_UNIT); after, from this study's own trials at that level (their `compile_s`: dynamo's timers, and
+for O2 the AOTInductor packages' own), timeouts included: a trial killed before its gate finished compiled for at
+least its wall time less its loading, a lower bound that can only raise the next prediction.
 
 O1 compiles one graph per distinct segment length (segments of equal length share one), O2 one per segment (each
 has its weights frozen in), and both one for the head (engine/build.py)."""
@@ -18,8 +18,9 @@ from autotune.config.deploy import DeployConfig
 __all__ = ["CompileEstimate", "compile_units", "compile_estimate", "PROBE_S_PER_UNIT", "FIXED_PRIOR_S",
            "TIMED_OUT_PREFIX"]
 
-# Probe-seconds per unit, from a cold study on the idle 2-core Zen 4 EPYC (docs/measurements.md, "What a compile
-# costs"), rounded up: its O1 and O2 trials compiled at 0.30 and 0.25 probe-seconds a unit.
+# Probe-seconds per unit before this study has compiled at a level: a prior, replaced by the study's own trials once
+# one has compiled there. Measured (without a record) on a cold study of a 2-core Zen 4 EPYC when O2 was still a
+# torch.compile, rounded up; O2 is now torch.export and AOTInductor packages, whose cost only the trials measure.
 PROBE_S_PER_UNIT = {"O1": 0.35, "O2": 0.3}
 # Where the probe has no figure (it failed, or a study made before it): one SmolLM2-sized compile per level.
 FIXED_PRIOR_S = {"O0": 0.0, "O1": 300.0, "O2": 480.0}

@@ -14,6 +14,7 @@ from autotune.config.deploy import DeployConfig
 from autotune.config.runtimes import DEFAULT_RUNTIME
 from autotune.config.workload import Workload
 from autotune.gate.corpus import EVAL_POSITIONS
+from autotune.gate.design import DECODE_NEW_TOKENS, DECODE_STAGE_PROMPTS
 from autotune.models.registry import ModelSpec
 from autotune.sim.cost import step_cost
 from autotune.sim.hardware import HardwareProfile
@@ -38,7 +39,9 @@ GRACE_S = 60.0
 # statistics and sensitivity (docs/measurements.md, "Calibrated quantization on SmolLM2").
 CALIBRATION_PRIOR_S = 240.0
 LOAD_S = 30.0  # process start, torch import from a cold page cache, weights
-DECODE_CHECK_POSITIONS = 1024
+# The decode check's first stage, what a build that passes clearly spends (gate/design.py): later stages, up to the
+# cap, run only for a build near the threshold, and the limit's factor covers them.
+DECODE_CHECK_POSITIONS = DECODE_STAGE_PROMPTS * (DECODE_NEW_TOKENS - 1)
 
 
 @dataclass(frozen=True, slots=True)
