@@ -88,6 +88,9 @@ def test_the_build_code_hash_follows_every_file_of_the_build(tmp_path, monkeypat
             assert changed != same, package
             same = changed
     finally:
+        # The copy's root undone before the cache is cleared: a hash of the edited copy must not stay cached for
+        # the rest of the session, where every trial's child computes the real one (the gate keys would differ).
+        monkeypatch.undo()
         module.code_hash.cache_clear()
     assert cache.numerics_versions()["engine"] == module.code_hash()
 
