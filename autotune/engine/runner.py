@@ -9,7 +9,7 @@ import torch
 from autotune.engine.kv_cache import PagedKVCache
 from autotune.engine.model import EngineModel
 from autotune.engine.sampler import Sampler, SamplingBatch
-from autotune.engine.scheduler import PrefillBatch, Scheduler
+from autotune.engine.scheduler import PrefillBatch, Scheduler, length_groups
 from autotune.engine.sequence import Completion, Request, Sampling, Sequence
 
 # Request, Completion and Sampling live in engine/sequence.py; named here too, where they were first defined.
@@ -143,10 +143,11 @@ class Runner:
 
     def _prefill(self, batch: PrefillBatch) -> None:
         if batch.end is None:
-            logits = self.model.prefill(*self.prepare_prefill(batch.seqs))
-            for s in batch.seqs:
-                s.length = s.prompt_len
-            self._sample(logits, batch.seqs)
+            for group in length_groups(batch.seqs):
+                logits = self.model.prefill(*self.prepare_prefill(group))
+                for s in group:
+                    s.length = s.prompt_len
+                self._sample(logits, group)
             return
         seq = batch.seqs[0]
         logits = self.model.prefill_chunk(*self.prepare_prefill_chunk(seq, batch.end))
