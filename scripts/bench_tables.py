@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["render", "header", "search_block", "search_table", "search_summary", "serve_table", "peer_table",
-           "startup_table", "trials_table", "guide_table"]
+           "startup_table", "trials_table", "guide_table", "profile_table"]
 
 
 def _range(s: dict, fmt: str = ".1f") -> str:
@@ -97,6 +97,30 @@ def peer_table(record: dict) -> str:
     return _markdown(rows)
 
 
+def profile_table(record: dict) -> str:
+    """profile_step.py: an offline run's phases in our engine and OpenVINO's, medians of the rounds, and what ours
+    spends more in each."""
+    ours, peer = record["engines"]["ours"], record["engines"]["openvino"]
+
+    def med(e: dict, key: str) -> float:
+        return statistics.median(r[key] for r in e["runs"])
+
+    rows = [["figure (median of rounds)", "ours", "OpenVINO defaults", "ours - OpenVINO"], ["---"] * 4,
+            ["tok/s (range)", _range(ours["throughput"]), _range(peer["throughput"]),
+             f"{peer['ours_ratio']:.2f}x, " + _order(peer["order"], "faster", "slower")]]
+    for label, key, scale, fmt in (("run, ms", "wall_s", 1e3, ".0f"), ("prefill phase, ms", "prefill_s", 1e3, ".0f"),
+                                   ("prefill forwards or steps", "prefill_forwards", 1, ".0f"),
+                                   ("prompt tokens computed (padding included)", "computed_tokens", 1, ".0f"),
+                                   ("output tokens made while prefilling", "prefill_output_tokens", 1, ".0f"),
+                                   ("decode phase, ms", "decode_s", 1e3, ".0f"),
+                                   ("decode steps", "decode_steps", 1, ".0f"),
+                                   (f"decode step at {record['batch']} rows, ms", "decode_step_ms_full", 1, ".1f"),
+                                   ("the rest (sampling, inputs, scheduling), ms", "rest_s", 1e3, ".0f")):
+        a, b = med(ours, key) * scale, med(peer, key) * scale
+        rows.append([label, format(a, fmt), format(b, fmt), format(a - b, "+" + fmt)])
+    return _markdown(rows)
+
+
 def startup_table(record: dict) -> str:
     """bench_startup.py: `autotune serve` from launch to its first answer to /health, per kind of start."""
     rows = [["start", "what it does", "seconds to ready, median (range)", "rounds (s)"], ["---"] * 4]
@@ -175,4 +199,5 @@ def render(record: dict) -> str:
 
 
 _RENDERERS = {"search": search_block, "serve": serve_table, "peer": peer_table, "startup": startup_table,
-              "trials": trials_table, "guide": guide_table}
+              "trials": trials_table, "guide": guide_table,
+              "profile": profile_table}
