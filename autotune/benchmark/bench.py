@@ -13,10 +13,10 @@ from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
 from autotune.progress import log
 
-__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize", "run_figures"]
+__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize", "run_figures", "percentile"]
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
@@ -38,9 +38,9 @@ def run_figures(completions: list[Completion], seconds: float) -> dict:
     tokens = sum(len(c.output_ids) for c in completions)
     return {
         "throughput_tok_s": tokens / seconds,
-        "ttft_p50_ms": _percentile(ttft, 0.5), "ttft_p99_ms": _percentile(ttft, 0.99),
-        "tpot_p50_ms": _percentile(tpot, 0.5) if tpot else 0.0,
-        "tpot_p99_ms": _percentile(tpot, 0.99) if tpot else 0.0,
+        "ttft_p50_ms": percentile(ttft, 0.5), "ttft_p99_ms": percentile(ttft, 0.99),
+        "tpot_p50_ms": percentile(tpot, 0.5) if tpot else 0.0,
+        "tpot_p99_ms": percentile(tpot, 0.99) if tpot else 0.0,
     }
 
 

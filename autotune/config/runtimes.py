@@ -60,7 +60,8 @@ RUNTIMES: dict[str, Runtime] = {
     "llamacpp": Runtime("llamacpp", LlamaCppKnobs, server="llama-server", served_by="llama-server",
                         trial_entry="autotune.llamacpp.trial", space_file="llamacpp.yaml"),
     "openvino": Runtime("openvino", OpenVinoKnobs,
-                        server="OpenVINO GenAI's ContinuousBatchingPipeline in autotune serve", served_by="autotune", trial_entry="autotune.openvino.trial", space_file="openvino.yaml"),
+                        server="OpenVINO GenAI's ContinuousBatchingPipeline in autotune serve", served_by="autotune",
+                        trial_entry="autotune.openvino.trial", space_file="openvino.yaml"),
 }
 
 

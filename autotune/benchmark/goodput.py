@@ -1,0 +1,113 @@
+"""Goodput: the highest request rate at which at least the SLO's attainment share of requests meets both its TTFT and
+its TPOT limit (DistServe, OSDI'24). Found by a rate search of open-loop runs (benchmark/open_loop.py): from a start
+rate (the offline throughput in requests per second: the most the engine serves when it is never idle), double
+while the target is met or halve until it is, then bisect between the highest rate met and the lowest missed, in
+geometric steps, until they are within PRECISION of each other or the time budget is spent. Every rate tried is kept
+with its attainment and interval."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from autotune.benchmark.open_loop import OpenLoopRun, run_open_loop
+from autotune.config.arrival import load_requests
+from autotune.config.slo import Slo
+from autotune.config.workload import Workload
+from autotune.engine.peer import StepRunner
+from autotune.progress import log
+
+__all__ = ["find_goodput", "measure_goodput", "goodput_workload", "PRECISION", "PROBE_REQUESTS"]
+
+PRECISION = 0.1  # the search ends when the highest rate met and the lowest missed are within 10%
+MAX_DOUBLINGS = 3  # above the start rate: the offline throughput is already the engine's saturated rate
+MAX_HALVINGS = 5  # below it: at 1/32 of its saturated rate an engine that still misses cannot meet the SLO
+PROBE_REQUESTS = 40  # per rate: with 4 warm-up requests, 36 counted; at a 0.9 target, 3 may miss
+
+
+def goodput_workload(workload: Workload, rate: float, requests: int = PROBE_REQUESTS) -> Workload:
+    """The open-loop workload of one probe: the trial's prompt lengths, Poisson arrival at `rate`, and output
+    lengths drawn around the offline workload's (uniform from half to all of its `output_tokens`, unless the
+    workload draws its own)."""
+    out_min = workload.output_min if workload.output_min is not None else max(1, workload.output_tokens // 2)
+    return replace(workload, num_requests=requests, arrival="poisson", rate=rate, output_min=out_min)
+
+
+def find_goodput(measure: Callable[[float], OpenLoopRun], start_rate: float, slo: Slo, *, budget_s: float,
+                 clock: Callable[[], float] = time.perf_counter) -> dict:
+    """The rate search over `measure(rate)`. A probe is skipped once the budget is spent (the first two always
+    run: a figure needs a met and a missed rate, or the start and its half)."""
+    if not start_rate > 0:
+        raise ValueError(f"the rate search needs a start rate above 0, not {start_rate}")
+    started = clock()
+    runs: list[OpenLoopRun] = []
+
+    def probe(rate: float) -> bool:
+        run = measure(rate)
+        runs.append(run)
+        word = "met" if run.attained else ("missed, stopped early" if run.stopped_early else "missed")
+        log(f"  goodput: {rate:.3g} req/s: {run.met}/{run.counted} within the SLO ({run.attainment:.0%}), {word}")
+        return run.attained
+
+    def time_left() -> bool:
+        return len(runs) < 2 or clock() - started < budget_s
+
+    lo: float | None = None
+    hi: float | None = None
+    if probe(start_rate):
+        lo = start_rate
+        for _ in range(MAX_DOUBLINGS):
+            if not time_left():
+                break
+            if probe(lo * 2):
+                lo *= 2
+            else:
+                hi = lo * 2
+                break
+    else:
+        hi = start_rate
+        for _ in range(MAX_HALVINGS):
+            if not time_left():
+                break
+            if probe(hi / 2):
+                lo = hi / 2
+                break
+            hi /= 2
+    while lo is not None and hi is not None and hi / lo > 1 + PRECISION and time_left():
+        mid = math.sqrt(lo * hi)
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    seconds = clock() - started
+    out = {"slo": slo.to_dict(), "met": lo is not None, "goodput_req_s": lo or 0.0,
+           "start_rate": start_rate, "lowest_missed_req_s": hi, "seconds": seconds, "budget_s": budget_s,
+           "rates": [r.to_dict() for r in runs]}
+    if lo is None:
+        best = max(runs, key=lambda r: r.attainment)
+        out["best_attainment"] = best.attainment
+        out["note"] = (f"no rate tried met the SLO ({slo.label()}): the best was {best.attainment:.0%} at "
+                       f"{best.rate:.3g} req/s")
+    elif hi is None:
+        out["note"] = f"met at every rate tried, up to {lo:.3g} req/s ({2 ** MAX_DOUBLINGS}x the start rate)"
+    return out
+
+
+def measure_goodput(runner: StepRunner, prompts_for: Callable[[Workload], list[list[int]]], workload: Workload,
+                    slo: Slo, offline_tok_s: float, *, budget_s: float, eos_token_id: int | None = None) -> dict:
+    """Goodput of a warm runner: `prompts_for(workload)` gives a probe's prompts (gate/corpus.bench_prompts), the
+    start rate is the offline throughput over the probe's mean output length. The figure in output tokens per
+    second is the goodput rate times that mean."""
+    probe_workload = goodput_workload(workload, 1.0)
+    prompts = prompts_for(probe_workload)
+    mean_out = probe_workload.mean_output_tokens
+
+    def measure(rate: float) -> OpenLoopRun:
+        load = load_requests(replace(probe_workload, rate=rate), prompts)
+        return run_open_loop(runner, load, slo, rate, eos_token_id=eos_token_id)
+
+    out = find_goodput(measure, offline_tok_s / mean_out, slo, budget_s=budget_s)
+    out["goodput_tok_s"] = out["goodput_req_s"] * mean_out
+    out["workload"] = {**probe_workload.to_dict(), "rate": "searched"}
+    return out
