@@ -41,6 +41,9 @@ def test_malformed_space_names_file_and_line(tmp_path):
     (["--min-agreement", "1.5"], "between 0 and 1"),
     (["--sampler", "magic"], "invalid choice"),
     (["--prompt-tokens", "90:10"], "MIN <= MAX"),
+    (["--slo", "ttft=1s"], "expected ttft=DURATION,tpot=DURATION"),
+    (["--slo", "ttft=1,tpot=100ms"], "expected ttft=DURATION,tpot=DURATION"),
+    (["--slo", "ttft=1s,tpot=100ms", "--attainment", "2"], "between 0 and 1"),
 ])
 def test_invalid_flag_values(args, words):
     assert words in _one_clear_line(_run("search", *args))

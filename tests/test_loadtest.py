@@ -77,3 +77,41 @@ def test_one_thread_drives_every_request_of_a_level(served, monkeypatch):
     body = {"model": "x", "prompt": "Once upon a time", "max_tokens": 6, "min_tokens": 6, "stream": True}
     level = loadtest.run_level("127.0.0.1", served.port, [body] * 8, concurrency=4)
     assert level.ok == 8 and level.errors == 0 and seen == {threading.get_ident()}
+
+
+def test_open_loop_levels_judge_the_slo_and_find_goodput(served, tiny_model_folder, tmp_path, capsys):
+    """A real server on loopback, driven open-loop: one level at a rate, judged against a loose SLO; then the rate
+    search, every rate tried kept."""
+    common = ["--requests", "10", "--max-tokens", "6", "--prompt-tokens", "16:32", "--tokenizer",
+              str(tiny_model_folder), "--slo", "ttft=10s,tpot=2s"]
+    out = tmp_path / "rate.json"
+    assert main(["loadtest", served.url, "--rate", "20", *common, "--json", str(out)]) == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["concurrency"] is None and level["ok"] == 10 and level["attainment"]["attainment"] == 1.0
+    assert "open loop" in capsys.readouterr().out
+    out = tmp_path / "goodput.json"
+    assert main(["loadtest", served.url, *common, "--find-goodput", "--budget", "60", "--json", str(out)]) == 0
+    goodput = json.loads(out.read_text())["goodput"]
+    assert goodput["met"] and goodput["goodput_req_s"] >= goodput["start_rate"] > 0
+    assert all(r["counted"] == 9 for r in goodput["rates"])  # 10 sent, the first not counted
+    assert "goodput:" in capsys.readouterr().out
+
+
+def test_a_failed_request_is_a_miss_and_times_run_from_the_due_time():
+    from autotune.config.slo import Slo
+    from autotune.serve.loadtest import Outcome
+    from autotune.serve.open_loop_http import judge, send_at_arrivals
+
+    slo = Slo(1000.0, 100.0)
+    ok = Outcome(True, 8, ttft_s=0.2, tpot_s=0.05, latency_s=0.6)
+    run = judge([ok, ok, Outcome(False, error="HTTP 503: busy"), ok, Outcome(False, error="timeout")], slo, 1.0, 5.0,
+                warmup=1)
+    assert (run.counted, run.met, run.missed) == (4, 2, 2) and not run.attained
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, never listening: refused at once
+        port = s.getsockname()[1]
+        outcomes, seconds = send_at_arrivals("127.0.0.1", port, [{"prompt": "x"}] * 3, [0.0, 0.2, 0.4])
+    assert seconds >= 0.4 and all(not o.ok for o in outcomes)
+    assert all(o.latency_s < 0.2 for o in outcomes)  # each from its own due time, not from the start

@@ -16,6 +16,7 @@ import pytest
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.launch import TOKEN_ENV
 from autotune.config.deploy import DeployConfig
+from autotune.config.slo import Slo
 from autotune.gate.cache import load_gate
 from autotune.gate.corpus import eval_set_digest
 from autotune.models.registry import resolve_model
@@ -114,6 +115,23 @@ def test_a_faithful_build_is_gated_under_the_studys_key_and_benchmarked_alike(ru
                          versions=versions, eval_digest=eval_set_digest(job.eval_positions))
     stored = load_gate(key)
     assert stored is not None and stored["tie_aware_agreement"] == result.gate["tie_aware_agreement"]
+
+
+@pytest.mark.slow
+def test_a_job_with_an_slo_measures_goodput_on_the_serving_path(runtime, model_folder, cache):
+    """Open-loop runs at the rates the search picks, through the runtime's step runner (what `autotune serve` drives):
+    under a loose SLO the tiny model meets it; every rate tried is kept with its attainment."""
+    result = CpuBackend().run(_job(runtime, model_folder, slo=Slo(5000.0, 1000.0).to_dict()), timeout_s=900)
+    assert result.status is Status.OK, (result.reason, result.log_tail)
+    goodput = result.goodput
+    if runtime == "llamacpp":  # its context is not a step runner: said, not measured
+        assert goodput["goodput_req_s"] == 0.0 and "not measured" in goodput["note"]
+        return
+    assert goodput["met"] and goodput["goodput_req_s"] >= goodput["start_rate"] > 0, goodput
+    assert result.bench["goodput_req_s"] == goodput["goodput_req_s"] and result.bench["goodput_tok_s"] > 0
+    rates = goodput["rates"]
+    assert rates and all(0.0 <= r["attainment"] <= 1.0 and r["counted"] > 0 for r in rates)
+    assert rates[0]["rate"] == goodput["start_rate"] and result.timing["goodput_s"] > 0
 
 
 @pytest.mark.slow

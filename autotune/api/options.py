@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config.runtimes import RUNTIMES
+from autotune.config.slo import Slo, parse_slo
 from autotune.config.workload import Workload
 from autotune.errors import UserInputError
 from autotune.study.settings import SAMPLERS
@@ -43,6 +44,8 @@ class SearchOptions:
     accept_marginal: bool
     memory_budget_mb: float | None
     tpot_slo_ms: float | None
+    slo: str | None
+    attainment: float
     sampler: str
     guided: bool
     seed: int | None
@@ -100,11 +103,24 @@ class SearchOptions:
             if not isinstance(getattr(self, name), bool):
                 raise UserInputError(f"{name} must be True or False, not {getattr(self, name)!r}")
         self.workload()  # a bad prompt length or count fails here, with the rest
+        self.slo_spec()
 
     @property
     def time_limit_s(self) -> float | None:
         """Seconds of trials, None for no limit (minutes 0 or None)."""
         return self.minutes * 60 if self.minutes else None
+
+    def slo_spec(self) -> Slo | None:
+        if self.slo is None:
+            return None
+        if not isinstance(self.slo, str):
+            raise UserInputError(f"slo must be a string such as 'ttft=1s,tpot=100ms' or None, not {self.slo!r}")
+        if not _is_number(self.attainment):
+            raise UserInputError(f"attainment must be a share of requests in (0, 1], not {self.attainment!r}")
+        try:
+            return parse_slo(self.slo, float(self.attainment))
+        except ValueError as exc:
+            raise UserInputError(str(exc)) from None
 
     def workload(self) -> Workload:
         prompt = self.prompt_tokens

@@ -53,12 +53,16 @@ class ParetoPoint:
     throughput_tok_s: float
     tpot_p99_ms: float
     peak_memory_mb: float
+    goodput_req_s: float | None = None  # a study under latency objectives (`slo`): its objective
 
     @classmethod
     def of(cls, trial: optuna.trial.FrozenTrial) -> ParetoPoint:
-        figures = {name: float(trial.values[i]) for i, (name, _) in enumerate(OBJECTIVES)}
+        bench = trial.user_attrs.get("bench") or {}
+        figures = {name: float(bench[name]) for name, _ in OBJECTIVES}
+        goodput = bench.get("goodput_req_s")
         return cls(number=trial.number, label=str(trial.user_attrs.get("label", "")),
-                   config=dict(trial.user_attrs.get("config", {})), **figures)
+                   config=dict(trial.user_attrs.get("config", {})), **figures,
+                   goodput_req_s=float(goodput) if goodput is not None else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,12 @@ class SearchResult:
     def best_latency(self) -> ParetoPoint | None:
         """The lowest TPOT p99 on the front."""
         return min(self.front, key=lambda p: p.tpot_p99_ms, default=None)
+
+    @property
+    def best_goodput(self) -> ParetoPoint | None:
+        """The highest goodput on the front of a study under latency objectives; None without them."""
+        return max((p for p in self.front if p.goodput_req_s is not None), key=lambda p: p.goodput_req_s,
+                   default=None)
 
     @property
     def smallest_memory(self) -> ParetoPoint | None:

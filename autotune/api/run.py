@@ -10,6 +10,7 @@ from typing import Any
 from autotune.api.options import SearchOptions
 from autotune.api.result import SearchResult
 from autotune.backends import make_backend
+from autotune.config.slo import Slo
 from autotune.models.registry import resolve_model
 from autotune.progress import log
 from autotune.recipes.warm_start import enqueue_recipes
@@ -45,6 +46,8 @@ def search(
     accept_marginal: bool = False,
     memory_budget_mb: float | None = None,
     tpot_slo_ms: float | None = None,
+    slo: str | None = None,
+    attainment: float = 0.9,
     sampler: str = "tpe",
     guided: bool = True,
     seed: int | None = None,
@@ -70,8 +73,10 @@ def search(
     `sqlite:///studies/<study>.db`); calling again with the same ones resumes it. Recipes go under `out`.
     `hardware` names a simulator profile (backend "sim"). On the cpu backend the search spans `runtimes` (None:
     every runtime this machine can run: autotune's engine, OpenVINO, llama.cpp where installed) on one front, each
-    from its default space; `space` gives a space file instead (or a list of them, one per runtime, as one). The other options are those of `autotune search`
-    (see `autotune search --help`). Bad values raise UserInputError before anything is run.
+    from its default space; `space` gives a space file instead (or a list of them, one per runtime, as one).
+    `slo` ("ttft=1s,tpot=100ms") makes the study's objectives the goodput under those latency objectives at
+    `attainment` (the share of requests that must meet both) and peak memory. The other options are those of
+    `autotune search` (see `autotune search --help`). Bad values raise UserInputError before anything is run.
     """
     if isinstance(runtimes, list):
         runtimes = tuple(runtimes)
@@ -115,7 +120,8 @@ def run(options: SearchOptions) -> SearchResult:
         model=options.model, study=study_name, trials=options.trials, storage=resolve_url(url, password_file),
         workload=options.workload(), min_agreement=options.min_agreement, tie_epsilon=options.tie_epsilon,
         accept_marginal=options.accept_marginal,
-        memory_budget_mb=options.memory_budget_mb, tpot_slo_ms=options.tpot_slo_ms, sampler=options.sampler,
+        memory_budget_mb=options.memory_budget_mb, tpot_slo_ms=options.tpot_slo_ms, slo=options.slo_spec(),
+        sampler=options.sampler,
         seed=options.seed, trial_timeout_s=options.trial_timeout_s, timeout_s=options.time_limit_s,
         repeats=options.repeats, repeat_time_s=options.repeat_time_s, trial_memory_mb=options.trial_memory_mb,
         guided=options.guided, patience=options.patience,
@@ -144,5 +150,17 @@ def run(options: SearchOptions) -> SearchResult:
         run_search(settings, space, backend, study, target=target)
     recheck_front(study, backend, dict(model=settings.model, workload=settings.workload.to_dict(),
                                        min_agreement=settings.min_agreement, tie_epsilon=settings.tie_epsilon))
+    if settings.slo is not None:
+        _say_if_unmet(study, settings.slo)
     written = write_recipes(study, options.out, settings.storage)
     return SearchResult.of(study, url, written)
+
+
+def _say_if_unmet(study, slo: Slo) -> None:
+    """One line where no configuration met the SLO at any rate tried, with the best attainment seen."""
+    measured = [t for t in study.get_trials(deepcopy=False) if (t.user_attrs.get("goodput") or {}).get("rates")]
+    if not measured or any(t.user_attrs["goodput"]["met"] for t in measured):
+        return
+    best = max(((r["attainment"], r["rate"], t.number) for t in measured for r in t.user_attrs["goodput"]["rates"]))
+    log(f"no configuration met the SLO ({slo.label()}) at any rate tried: the best attainment seen was "
+        f"{best[0]:.0%}, trial #{best[2]} at {best[1]:.3g} req/s")

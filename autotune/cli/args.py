@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from autotune.config.slo import parse_slo
+
 __all__ = ["Parser", "positive", "non_negative", "fraction", "token_range"]
 
 
@@ -43,3 +45,12 @@ def token_range(text: str) -> tuple[int, int]:
     if not 1 <= pair[0] <= pair[1]:
         raise argparse.ArgumentTypeError(f"{text!r} needs 1 <= MIN <= MAX")
     return pair
+
+
+def slo_text(text: str) -> str:
+    """An SLO as `--slo` takes it (config/slo.parse_slo), checked here so that a malformed one is exit 2."""
+    try:
+        parse_slo(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text

@@ -6,7 +6,7 @@ import argparse
 
 from autotune.api.run import search as search_api
 from autotune.api.run import search_defaults
-from autotune.cli.args import fraction, non_negative, positive, token_range
+from autotune.cli.args import fraction, non_negative, positive, slo_text, token_range
 from autotune.cli.live import live_progress
 from autotune.study.settings import SAMPLERS
 
@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    type=positive(float), default=_D["memory_budget_mb"], help="MB of peak memory")
     s.add_argument("--tpot-slo", dest="tpot_slo_ms", metavar="TPOT_SLO",
                    type=positive(float), default=_D["tpot_slo_ms"], help="ms, on TPOT p99")
+    s.add_argument("--slo", type=slo_text, default=_D["slo"], metavar="ttft=1s,tpot=100ms",
+                   help="latency objectives: the study maximizes goodput, the highest Poisson request rate at which "
+                        "--attainment of the requests meet both (measured per trial on the serving path), beside "
+                        "peak memory (default: none; the offline throughput, TPOT p99 and memory)")
+    s.add_argument("--attainment", type=fraction, default=_D["attainment"],
+                   help=f"with --slo, the share of requests that must meet it (default {_D['attainment']:g})")
     s.add_argument("--sampler", choices=SAMPLERS, default=_D["sampler"])
     s.add_argument("--no-guide", dest="guided", action="store_false", default=_D["guided"],
                    help="let the sampler alone order the trials (default: the simulator's predictions, refitted to "

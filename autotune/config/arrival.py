@@ -8,19 +8,23 @@ from dataclasses import dataclass
 
 from autotune.config.workload import Workload
 
-__all__ = ["arrival_times", "output_lengths", "LoadRequest", "load_requests"]
+__all__ = ["arrival_times", "gamma_arrivals", "output_lengths", "LoadRequest", "load_requests"]
 
 
 def arrival_times(workload: Workload) -> list[float]:
-    """Seconds from the start at which each request arrives: all at 0 offline; else the running sum of gaps drawn
-    from a gamma distribution of shape `burstiness` and scale 1/(rate * burstiness) (mean 1/rate), the first
-    request at 0."""
+    """Seconds from the start at which each request arrives: all at 0 offline, else `gamma_arrivals`."""
     if workload.arrival == "offline":
         return [0.0] * workload.num_requests
-    rng = random.Random(f"arrival:{workload.seed}")  # its own stream: the prompts' draws do not move the times
-    shape, scale = workload.burstiness, 1.0 / (workload.rate * workload.burstiness)
+    return gamma_arrivals(workload.num_requests, workload.rate, workload.burstiness, workload.seed)
+
+
+def gamma_arrivals(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """The running sum of gaps drawn from a gamma distribution of shape `burstiness` and scale 1/(rate *
+    burstiness) (mean 1/rate), the first request at 0."""
+    rng = random.Random(f"arrival:{seed}")  # its own stream: the prompts' draws do not move the times
+    shape, scale = burstiness, 1.0 / (rate * burstiness)
     times, now = [], 0.0
-    for _ in range(workload.num_requests):
+    for _ in range(n):
         times.append(now)
         now += rng.gammavariate(shape, scale)
     return times

@@ -8,9 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+from autotune.benchmark.goodput import measure_goodput
 from autotune.benchmark.peak_rss import rss_bytes, trim_heap
 from autotune.benchmark.peer import benchmark_peer
 from autotune.benchmark.policy import RunPolicy
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.gate.corpus import bench_prompts, decode_prompts, eval_windows, holdout_prompts
@@ -110,6 +112,14 @@ class _OpenVinoStages:
                                 workload.seed)
         policy = RunPolicy(warmup="short", max_repeats=self.job.repeats, time_cap_s=self.job.repeat_time_s)
         return benchmark_peer(self.pipeline, prompts, workload, base_rss=self.base_rss, policy=policy)
+
+    def goodput(self, slo: Slo, bench: dict, budget_s: float) -> dict:
+        """The pipeline is the step runner OpenVINO recipes are served with (autotune serve): the same scheduler."""
+        def prompts(w: Workload) -> list[list[int]]:
+            return bench_prompts(self.tokenizer, w.num_requests, w.prompt_min, w.prompt_max, w.seed)
+
+        return measure_goodput(self.pipeline, prompts, self.workload, slo, bench["throughput_tok_s"],
+                               budget_s=budget_s)
 
     def timing(self) -> dict:
         return {}

@@ -186,6 +186,8 @@ def build_recipe(study: optuna.Study, trial: optuna.trial.FrozenTrial, storage_u
     }
     if recipe["quantization"] is None:
         del recipe["quantization"]
+    if trial.user_attrs.get("goodput"):  # a study under latency objectives: the SLO, the goodput, every rate tried
+        recipe["goodput"] = trial.user_attrs["goodput"]
     if trial.user_attrs.get("build"):
         # What was gated and benchmarked: `verify` and `serve` build the same and say so where they cannot.
         recipe["deploy"]["build"] = trial.user_attrs["build"]

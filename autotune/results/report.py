@@ -16,7 +16,7 @@ import optuna
 from autotune.errors import UserInputError
 from autotune.recipes.baselines import study_baselines
 from autotune.results.report_data import Point, is_simulated, points, recipe_rows, search_cost
-from autotune.study.settings import OBJECTIVES
+from autotune.study.settings import study_objectives
 from autotune.study.storage import load_existing_study
 
 __all__ = ["build_report", "report"]
@@ -129,7 +129,7 @@ def _importances(study: optuna.Study):
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(done) < _MIN_IMPORTANCE_TRIALS:  # fANOVA answers even for one trial, but it means nothing there
         return None, f"Too few trials to rank the parameters ({len(done)} complete; needs {_MIN_IMPORTANCE_TRIALS})"
-    for i, (name, _) in enumerate(OBJECTIVES):
+    for i, (name, _) in enumerate(study_objectives(study)):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -150,8 +150,9 @@ def _history(study: optuna.Study):
     from plotly.subplots import make_subplots
 
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.values]
-    fig = make_subplots(rows=1, cols=len(OBJECTIVES), subplot_titles=[n for n, _ in OBJECTIVES])
-    for i, (name, direction) in enumerate(OBJECTIVES):
+    objectives = study_objectives(study)
+    fig = make_subplots(rows=1, cols=len(objectives), subplot_titles=[n for n, _ in objectives])
+    for i, (name, direction) in enumerate(objectives):
         xs, ys = [t.number for t in done], [t.values[i] for t in done]
         best, running = [], None
         for y in ys:

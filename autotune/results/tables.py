@@ -39,7 +39,8 @@ def _peak_mb(bench: dict) -> str:
     return f"{bench['peak_memory_mb']:.0f}{mark}"
 
 
-_PEAK_FOOTNOTE = "* peak memory not reset before the runs: it includes loading and building (see bench.peak_memory_note)"
+_PEAK_FOOTNOTE = ("* peak memory not reset before the runs: it includes loading and building (see "
+                  "bench.peak_memory_note)")
 
 
 def _limit(attrs: dict, trial_attrs: dict) -> str:
@@ -52,7 +53,9 @@ def pareto_table(study: optuna.Study) -> str:
     trials = pareto_trials(study)
     baselines = study_baselines(study.user_attrs)
     gain_heads = [f"x{b.get('dtype') or 'base'}" for b in baselines] or ["gain"]
-    header = (f"{'trial':>5}  {'configuration':<50} {'tok/s':>7} " + " ".join(f"{h:>7}" for h in gain_heads)
+    slo = study.user_attrs.get("slo")
+    header = (f"{'trial':>5}  {'configuration':<50} " + (f"{'goodput':>9} " if slo else "") + f"{'tok/s':>7} "
+              + " ".join(f"{h:>7}" for h in gain_heads)
               + f" {'TTFT p50':>9} {'TPOT p99':>9} {'peak MB':>8} {'agree':>7} {'held':>7} {'runs':>4} {'limit':>5}")
     lines = [header, "-" * len(header)]
     for t in trials:
@@ -63,13 +66,18 @@ def pareto_table(study: optuna.Study) -> str:
         # The concurrency that ran, where the pool's pages held fewer sequences than the batch size.
         ran = b.get("concurrency_peak")
         label = config.label() + (f" (ran {ran})" if ran is not None and ran < config.batch_size else "")
-        lines.append(f"{t.number:>5}  {label:<50} "
+        goodput = f"{b.get('goodput_req_s', 0.0):>5.2f}r/s " if slo else ""
+        lines.append(f"{t.number:>5}  {label:<50} {goodput}"
                      f"{b['throughput_tok_s']:>7.1f} " + " ".join(f"{c:>7}" for c in cells)
                      + f" {b['ttft_p50_ms']:>7.0f}ms {b['tpot_p99_ms']:>7.1f}ms {_peak_mb(b):>9}{_agreement(g):>7} "
                      f"{_held(holdout_of(study, t)):>7} "
                      f"{'-' if runs is None else runs:>4} {_limit(study.user_attrs, t.user_attrs):>5}")
     if not trials:
         lines.append("(no feasible, gate-passing trial yet)")
+    if slo:
+        lines.append(f"goodput: requests per second served with {slo['attainment']:.0%} of them within TTFT "
+                     f"{slo['ttft_ms']:g} ms and TPOT {slo['tpot_ms']:g} ms (Poisson arrivals; the rates tried are "
+                     "on each trial's `goodput` attribute)")
     for base in baselines:
         b = base["bench"]
         lines.append(f"baseline {'/'.join(base['names'])}: {base.get('what', 'speed baseline')}, batch "

@@ -25,7 +25,7 @@ from autotune.engine import Completion, Engine, Request
 from autotune.engine.peer import StepRunner
 from autotune.progress import log
 
-__all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK"]
+__all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK", "serving_runner"]
 
 # Prompt tokens one engine step may prefill: new prompts delay the running decodes by one forward of at most this
 # many tokens a step, instead of all admitted prompts at once (8 prompts of 128 tokens in one forward).
@@ -37,6 +37,14 @@ PREFILL_CHUNK = 256
 # lone request on an idle server one gap of waiting.
 ARRIVAL_GAP_S = 0.005
 BURST_WINDOW_S = 0.05
+
+
+def serving_runner(engine: Engine, max_seq_len: int, prefill_chunk: int | None = PREFILL_CHUNK) -> StepRunner:
+    """The runner `autotune serve` drives: the recipe's batch, a pool of batch * max_seq_len tokens, decode in
+    batch buckets, prompts prefilled in chunks beside running decodes. The goodput search drives the same."""
+    batch = engine.config.batch_size
+    return engine.runner(max_seq_len=max_seq_len, pool_tokens=batch * max_seq_len, prefill_chunk=prefill_chunk,
+                         bucketed=True)
 
 
 class Overloaded(Exception):
@@ -93,9 +101,7 @@ class EngineLoop:
         self.busy_s = 0.0  # wall time inside engine steps: with the wall clock, how much of it the engine worked
 
     def _new_runner(self) -> StepRunner:
-        batch = self.engine.config.batch_size
-        return self.engine.runner(max_seq_len=self.max_seq_len, pool_tokens=batch * self.max_seq_len,
-                                  prefill_chunk=self.prefill_chunk, bucketed=True)
+        return serving_runner(self.engine, self.max_seq_len, self.prefill_chunk)
 
     @property
     def batch_size(self) -> int:

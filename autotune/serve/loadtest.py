@@ -13,15 +13,17 @@ import http.client
 import ipaddress
 import json
 import os
-import random
 import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
+from autotune.config.arrival import gamma_arrivals
+from autotune.config.slo import Slo
 from autotune.errors import UserInputError
 from autotune.serve.guard import API_KEY_ENV
+from autotune.serve.open_loop_http import find_http_goodput, judge, send_at_arrivals
 
 __all__ = ["Outcome", "check_loopback", "one_request", "run_level", "run_loadtest", "format_table"]
 
@@ -68,8 +70,9 @@ def one_request(host: str, port: int, body: dict, timeout: float = 300.0) -> Out
     return asyncio.run(_request(host, port, body, timeout))
 
 
-async def _request(host: str, port: int, body: dict, timeout: float) -> Outcome:
-    started = time.perf_counter()
+async def _request(host: str, port: int, body: dict, timeout: float, started: float | None = None) -> Outcome:
+    """`started`: the time the request is timed from (an open-loop request's due time); now by default."""
+    started = time.perf_counter() if started is None else started
     try:
         return await asyncio.wait_for(_stream(host, port, body, started), timeout)
     except (OSError, ValueError, EOFError, TimeoutError) as exc:
@@ -181,6 +184,7 @@ class LevelResult:
     tpot_ms: dict = field(default_factory=dict)
     latency_ms: dict = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    attainment: dict | None = None  # with an SLO: open_loop.OpenLoopRun's figures (judged by open_loop_http.judge)
 
 
 def _ms(values: list[float]) -> dict:
@@ -188,29 +192,27 @@ def _ms(values: list[float]) -> dict:
 
 
 def run_level(host: str, port: int, bodies: list[dict], concurrency: int, rate: float | None = None,
-              seed: int = 0) -> LevelResult:
-    """Send `bodies` with at most `concurrency` in flight; with `rate`, requests are due at Poisson arrivals."""
-    rng = random.Random(seed)
-    due, t = [], 0.0
-    for _ in bodies:
-        due.append(t)
-        t += rng.expovariate(rate) if rate else 0.0
-    outcomes: list[Outcome | None] = [None] * len(bodies)
+              seed: int = 0, burstiness: float = 1.0, slo: Slo | None = None) -> LevelResult:
+    """Send `bodies` with at most `concurrency` in flight (closed loop: a request is sent when one ends); with `rate`,
+    open loop instead: each request is sent at its arrival (gamma gaps of shape `burstiness`, Poisson at 1) however
+    many are in flight, and timed from that due time (serve/open_loop_http.py); `concurrency` is then the most that
+    may be due at once, unbounded. With `slo`: its attainment, a failed request counted as a miss."""
     started = time.perf_counter()
+    if rate:
+        outcomes, _ = send_at_arrivals(host, port, bodies, gamma_arrivals(len(bodies), rate, burstiness, seed))
+    else:
+        outcomes = [None] * len(bodies)
 
-    async def level() -> None:
-        cursor = iter(range(len(bodies)))
+        async def level() -> None:
+            cursor = iter(range(len(bodies)))
 
-        async def worker() -> None:
-            for i in cursor:  # one iterator shared by the workers: each request is taken once
-                wait = started + due[i] - time.perf_counter()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                outcomes[i] = await _request(host, port, bodies[i], 300.0)
+            async def worker() -> None:
+                for i in cursor:  # one iterator shared by the workers: each request is taken once
+                    outcomes[i] = await _request(host, port, bodies[i], 300.0)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
 
-    asyncio.run(level())
+        asyncio.run(level())
     duration = time.perf_counter() - started
     done = [o for o in outcomes if o is not None]
     good = [o for o in done if o.ok]
@@ -221,15 +223,23 @@ def run_level(host: str, port: int, bodies: list[dict], concurrency: int, rate: 
         ttft_ms=_ms([o.ttft_s for o in good if o.ttft_s is not None]),
         tpot_ms=_ms([o.tpot_s for o in good if o.tpot_s is not None]),
         latency_ms=_ms([o.latency_s for o in good]),
-        error_samples=sorted({o.error for o in done if not o.ok})[:5])
+        error_samples=sorted({o.error for o in done if not o.ok})[:5],
+        attainment=judge(done, slo, rate or 0.0, duration).to_dict() if slo is not None else None)
 
 
 def run_loadtest(url: str, prompts: list[str], concurrencies: list[int], num_requests: int | None, max_tokens: int,
-                 *, model: str | None = None, rate: float | None = None, fixed_length: bool = True) -> dict:
+                 *, model: str | None = None, rate: float | None = None, fixed_length: bool = True,
+                 burstiness: float = 1.0, slo: Slo | None = None, find_goodput: bool = False,
+                 budget_s: float = 600.0) -> dict:
+    """Concurrency levels (closed loop), or with `rate` one open-loop level at that rate; with `slo` each level's
+    attainment; with `find_goodput` (needs `slo`) the goodput rate search from `rate` (default: the rate a burst
+    of requests is served at), open-loop runs of `num_requests` (default 40) each, in about `budget_s`."""
     host, port = check_loopback(url)
     model = model or _model_id(host, port)
     if model is None:
         raise UserInputError(f"{url} answered no model on GET /v1/models: pass --model-id")
+    if find_goodput and slo is None:
+        raise UserInputError("--find-goodput needs --slo (the latency objectives goodput is measured under)")
 
     def body(prompt: str) -> dict:
         out = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
@@ -238,26 +248,61 @@ def run_loadtest(url: str, prompts: list[str], concurrencies: list[int], num_req
             out.update(min_tokens=max_tokens, ignore_eos=True)
         return out
 
+    def bodies(n: int) -> list[dict]:
+        return [body(prompts[i % len(prompts)]) for i in range(n)]
+
     warm = one_request(host, port, body(prompts[0]))
     if not warm.ok:
         raise UserInputError(f"{url} did not answer a first request: {warm.error}")
-    levels = []
-    for c in concurrencies:
+    out = {"url": url, "model": model, "max_tokens": max_tokens, "rate": rate, "fixed_length": fixed_length,
+           "arrival": "poisson" if rate or find_goodput else "offline", "burstiness": burstiness,
+           "slo": slo.to_dict() if slo else None, "levels": []}
+    if find_goodput:
+        n = num_requests or 40
+        start = rate
+        if start is None:  # a burst of n requests: the rate the server keeps up with when it is never idle
+            burst = run_level(host, port, bodies(n), n)
+            start = burst.requests_per_s
+            out["levels"].append(asdict(burst))
+        out["goodput"] = find_http_goodput(host, port, bodies, lambda r, k: gamma_arrivals(k, r, burstiness), slo,
+                                           start, n, budget_s)
+        return out
+    for c in ([0] if rate else concurrencies):
         n = num_requests or max(16, 2 * c)
-        bodies = [body(prompts[i % len(prompts)]) for i in range(n)]
-        levels.append(asdict(run_level(host, port, bodies, c, rate)))
-    return {"url": url, "model": model, "max_tokens": max_tokens, "rate": rate, "fixed_length": fixed_length,
-            "levels": levels}
+        level = asdict(run_level(host, port, bodies(n), c, rate, burstiness=burstiness, slo=slo))
+        if rate:
+            level["concurrency"] = None  # open loop: as many in flight as are due
+        out["levels"].append(level)
+    return out
 
 
 def format_table(result: dict) -> str:
     def f(v: float | None, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v, fmt)
 
+    slo = result.get("slo")
     head = ("| concurrency | requests | tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
-            "| errors |\n|---|---|---|---|---|---|---|---|---|")
-    rows = [f"| {lv['concurrency']} | {lv['requests']} | {f(lv['throughput_tok_s'])} "
-            f"| {f(lv['requests_per_s'], '.2f')} "
-            f"| {f(lv['ttft_ms']['p50'], '.0f')} | {f(lv['ttft_ms']['p99'], '.0f')} | {f(lv['tpot_ms']['p50'])} "
-            f"| {f(lv['tpot_ms']['p99'])} | {lv['errors']} |" for lv in result["levels"]]
-    return "\n".join([head, *rows])
+            "| errors |" + (" within SLO (95% interval) |" if slo else "")
+            + "\n|---|---|---|---|---|---|---|---|---|" + ("---|" if slo else ""))
+    rows = []
+    for lv in result["levels"]:
+        row = (f"| {lv['concurrency'] if lv['concurrency'] is not None else 'open loop'} | {lv['requests']} "
+               f"| {f(lv['throughput_tok_s'])} | {f(lv['requests_per_s'], '.2f')} "
+               f"| {f(lv['ttft_ms']['p50'], '.0f')} | {f(lv['ttft_ms']['p99'], '.0f')} | {f(lv['tpot_ms']['p50'])} "
+               f"| {f(lv['tpot_ms']['p99'])} | {lv['errors']} |")
+        if slo:
+            a = lv.get("attainment") or {}
+            row += (f" {a['attainment']:.0%} ({a['interval'][0]:.0%}-{a['interval'][1]:.0%}) |" if a else " - |")
+        rows.append(row)
+    lines = [head, *rows]
+    goodput = result.get("goodput")
+    if goodput:
+        lines.append("")
+        lines.append("| rate req/s | counted | within SLO | 95% interval | TTFT p99 ms | TPOT p99 ms |")
+        lines.append("|---|---|---|---|---|---|")
+        lines += [f"| {r['rate']:.3g} | {r['counted']} | {r['attainment']:.0%} | {r['interval'][0]:.0%}-"
+                  f"{r['interval'][1]:.0%} | {f(r['ttft_p99_ms'], '.0f')} | {f(r['tpot_p99_ms'])} |"
+                  for r in goodput["rates"]]
+        lines.append(f"goodput: {goodput['goodput_req_s']:.3g} req/s" if goodput["met"] else f"goodput: none: "
+                     f"{goodput['note']}")
+    return "\n".join(lines)

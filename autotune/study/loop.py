@@ -23,7 +23,7 @@ from autotune.study.coordination import (
     worker_id,
 )
 from autotune.study.guide import Guide
-from autotune.study.settings import OBJECTIVES, SearchSettings
+from autotune.study.settings import OBJECTIVES, SearchSettings, study_objectives
 from autotune.study.stopping import stop_reason
 from autotune.study.storage import heartbeat_seconds
 from autotune.study.trial_limit import CEILING_S, GRACE_S, TrialLimit, trial_limit
@@ -43,8 +43,8 @@ from autotune.trial.job import Job, JobKind, JobResult, Status
 __all__ = ["run_search", "best_so_far"]
 
 
-def _values(bench: dict) -> list[float]:
-    return [bench[name] for name, _ in OBJECTIVES]
+def _values(bench: dict, objectives) -> list[float]:
+    return [bench[name] for name, _ in objectives]
 
 
 def _constraint_values(settings: SearchSettings, bench: dict) -> dict[str, float]:
@@ -61,7 +61,8 @@ def _measured_under(settings: SearchSettings) -> dict:
     """What a trial's result depends on beyond its configuration: the gate's threshold and tie epsilon, and the
     workload its benchmark ran. Stored on each trial, so that a result is reused only under the same."""
     return {"min_agreement": settings.min_agreement, "tie_epsilon": settings.tie_epsilon,
-            **({"accept_marginal": True} if settings.accept_marginal else {}), "workload": settings.workload.to_dict()}
+            **({"accept_marginal": True} if settings.accept_marginal else {}), "workload": settings.workload.to_dict(),
+            **({"slo": settings.slo.to_dict()} if settings.slo is not None else {})}
 
 
 def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> optuna.trial.FrozenTrial | None:
@@ -75,7 +76,7 @@ def _previous(study: optuna.Study, params: dict, settings: SearchSettings) -> op
 
 # "what": the command line that serves a llama.cpp trial's configuration (llama-server's), for its recipe.
 _STORED = ("gate", "bench", "versions", "threads", "build_s", "gate_cached", "reason", "log_tail", "source", "profile",
-           "compile_cache", "timing", "quant", "what", "build")
+           "compile_cache", "timing", "quant", "what", "build", "goodput")
 
 
 def _store_calibration(study: optuna.Study, quant: dict | None) -> None:
@@ -110,10 +111,13 @@ def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, 
         for key, value in constraints.items():
             trial.set_constraint(key, value)
         trial.set_user_attr("constraints", constraints)
-        for name, _ in OBJECTIVES:
+        objectives = study_objectives(study)
+        for name, _ in objectives:
             trial.set_user_attr(name, bench[name])
-        study.tell(trial, _values(bench))
-        return (f"{bench['throughput_tok_s']:.1f} tok/s, TPOT p99 {bench['tpot_p99_ms']:.1f} ms, "
+        study.tell(trial, _values(bench, objectives))
+        goodput = (f"goodput {bench['goodput_req_s']:.3g} req/s ({bench['goodput_tok_s']:.1f} tok/s), "
+                   if "goodput_req_s" in bench else "")
+        return (f"{goodput}{bench['throughput_tok_s']:.1f} tok/s, TPOT p99 {bench['tpot_p99_ms']:.1f} ms, "
                 f"{bench['peak_memory_mb']:.0f} MB")
     if result.status is Status.GATED:
         gate = result.gate
@@ -132,7 +136,7 @@ def best_so_far(study: optuna.Study, sep: str = ", ") -> str:
     if not feasible:
         return "no feasible trial yet"
     parts = []
-    for i, (name, direction) in enumerate(OBJECTIVES):
+    for i, (name, direction) in enumerate(study_objectives(study)):
         pick = (max if direction == "maximize" else min)(feasible, key=lambda t: t.values[i])
         parts.append(f"{name} {pick.values[i]:.1f} (#{pick.number})")
     return "best: " + sep.join(parts)
@@ -140,6 +144,8 @@ def best_so_far(study: optuna.Study, sep: str = ", ") -> str:
 
 def _front(study: optuna.Study) -> list[dict]:
     """The feasible Pareto front so far, as the trial's successive halving reads it."""
+    if study_objectives(study) != OBJECTIVES:  # the cut compares offline figures: a goodput front has none
+        return []
     return [{"number": t.number, **{name: t.values[i] for i, (name, _) in enumerate(OBJECTIVES)}}
             for t in study.best_trials]
 
@@ -263,11 +269,17 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
         target = budget_target(study, settings.trials)
     common = dict(model=settings.model, workload=settings.workload.to_dict(), min_agreement=settings.min_agreement,
                   tie_epsilon=settings.tie_epsilon, accept_marginal=settings.accept_marginal, repeats=settings.repeats,
-                  repeat_time_s=settings.repeat_time_s)
+                  repeat_time_s=settings.repeat_time_s,
+                  slo=settings.slo.to_dict() if settings.slo is not None else None)
     patience_s = (settings.trial_timeout_s or CEILING_S) + GRACE_S + 2 * heartbeat_seconds()[1]
     # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
     # --no-guide it still does that, without ordering the trials.
     guide = Guide.for_backend(backend.name, settings.model, space, settings.workload)
+    guided = settings.guided
+    if guide is not None and guided and settings.slo is not None:
+        guided = False
+        log("guide: it predicts offline figures, not goodput under an SLO: the sampler picks every trial (the "
+            "guide still predicts each trial's cost)")
     started, ran, skipped, misses, repeats = time.perf_counter(), 0, False, 0, 0
     while True:
         done = wait_for_slot(study, target, patience_s)
@@ -283,7 +295,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
             _stopped(study, settings, "rule", why, ran)
             break
         cost = _cost_model(study, settings, guide) if settings.deadline is not None else None
-        if guide is not None and settings.guided:
+        if guide is not None and guided:
             fits = None
             if cost is not None:
                 typical = typical_trial_s(study)

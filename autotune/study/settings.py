@@ -6,17 +6,31 @@ from dataclasses import dataclass, field
 
 import optuna
 
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.study.stopping import DEFAULT_PATIENCE
 
-__all__ = ["SearchSettings", "OBJECTIVES", "SAMPLERS", "SETUP_TIMEOUT_S", "make_sampler"]
+__all__ = ["SearchSettings", "OBJECTIVES", "GOODPUT_OBJECTIVES", "SAMPLERS", "SETUP_TIMEOUT_S", "make_sampler",
+           "objectives_for", "study_objectives"]
 
 # The set-up's jobs (reference, speed baselines) and the wait for other workers' trials, where no --trial-timeout
 # fixes them: long enough for a big model on a slow machine; a dead worker is found by its heartbeat long before.
 SETUP_TIMEOUT_S = 3600.0
 
-# (name, direction): the study's metric names, in the order of its values.
+# (name, direction): the study's metric names, in the order of its values. A study under latency objectives
+# (`--slo`) optimizes the goodput under them instead of the offline figures, beside peak memory.
 OBJECTIVES = (("throughput_tok_s", "maximize"), ("tpot_p99_ms", "minimize"), ("peak_memory_mb", "minimize"))
+GOODPUT_OBJECTIVES = (("goodput_req_s", "maximize"), ("peak_memory_mb", "minimize"))
+
+
+def objectives_for(slo: Slo | None) -> tuple[tuple[str, str], ...]:
+    return GOODPUT_OBJECTIVES if slo is not None else OBJECTIVES
+
+
+def study_objectives(study: optuna.Study) -> tuple[tuple[str, str], ...]:
+    """The objectives a study was made with (stored on it; a study made before they were stored has OBJECTIVES)."""
+    stored = study.user_attrs.get("objectives")
+    return tuple((name, direction) for name, direction in stored) if stored else OBJECTIVES
 SAMPLERS = ("tpe", "random", "nsga2", "gp")
 
 
@@ -32,6 +46,7 @@ class SearchSettings:
     accept_marginal: bool = False  # marginal gate verdicts count as passes (autotune/gate/verdict.py)
     memory_budget_mb: float | None = None
     tpot_slo_ms: float | None = None
+    slo: Slo | None = None  # latency objectives: goodput under them is the study's objective (benchmark/goodput.py)
     sampler: str = "tpe"
     seed: int | None = None
     trial_timeout_s: float | None = None  # None: each trial's limit derives from its predicted cost (trial_limit.py)

@@ -20,7 +20,7 @@ from autotune.sim.predict import predict
 from autotune.space.search_space import SearchSpace
 from autotune.study.baselines import measure_baselines
 from autotune.study.guide import PROFILE_OF_BACKEND
-from autotune.study.settings import OBJECTIVES, SETUP_TIMEOUT_S, SearchSettings, make_sampler
+from autotune.study.settings import SETUP_TIMEOUT_S, SearchSettings, make_sampler, objectives_for, study_objectives
 from autotune.study.storage import open_storage
 from autotune.trial.job import Job, JobKind
 
@@ -32,17 +32,37 @@ BASELINE_ROLE = "baseline"  # the `role` attribute of the baseline trial
 def open_study(settings: SearchSettings) -> optuna.Study:
     """The study named in `settings`, created or resumed; a study of another model is refused."""
     storage = open_storage(settings.storage)
-    study = optuna.create_study(
-        study_name=settings.study, storage=storage, load_if_exists=True,
-        directions=[d for _, d in OBJECTIVES], sampler=make_sampler(settings.sampler, settings.seed),
-    )
+    objectives = objectives_for(settings.slo)
+    slo = settings.slo.to_dict() if settings.slo is not None else None
+    try:
+        study = optuna.create_study(
+            study_name=settings.study, storage=storage, load_if_exists=True,
+            directions=[d for _, d in objectives], sampler=make_sampler(settings.sampler, settings.seed),
+        )
+    except ValueError as exc:  # an existing study of another number of objectives
+        raise UserInputError(f"study {settings.study!r} has other objectives than {_objectives_text(slo)}: "
+                             f"{exc}; pick another --study") from None
     if study.user_attrs.get("model", settings.model) != settings.model:
         raise UserInputError(f"study {settings.study!r} was made for model {study.user_attrs['model']!r}, "
                              f"not {settings.model!r}: pick another --study")
+    if study.get_trials(deepcopy=False) or "objectives" in study.user_attrs:
+        stored = [list(o) for o in study_objectives(study)]
+        if stored != [list(o) for o in objectives] or study.user_attrs.get("slo") != slo:
+            raise UserInputError(f"study {settings.study!r} optimizes {_objectives_text(study.user_attrs.get('slo'))}"
+                                 f", not {_objectives_text(slo)}: resume it with the same --slo and --attainment, "
+                                 "or pick another --study")
+    study.set_user_attr("objectives", [list(o) for o in objectives])
+    study.set_user_attr("slo", slo)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([name for name, _ in OBJECTIVES])
+        study.set_metric_names([name for name, _ in objectives])
     return study
+
+
+def _objectives_text(slo: dict | None) -> str:
+    if slo is None:
+        return "offline throughput, TPOT p99 and peak memory (no --slo)"
+    return f"goodput under --slo ttft={slo['ttft_ms']:g}ms,tpot={slo['tpot_ms']:g}ms --attainment {slo['attainment']:g}"
 
 
 def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> bool:

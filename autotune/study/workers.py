@@ -12,6 +12,7 @@ import optuna
 from sqlalchemy.engine import make_url
 
 from autotune.backends import Backend, make_backend
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.errors import UserInputError
 from autotune.progress import log
@@ -57,7 +58,7 @@ def settings_attr(settings: SearchSettings, backend: str, hardware: str | None, 
             "repeat_time_s": settings.repeat_time_s, "timeout_s": settings.timeout_s, "deadline": settings.deadline,
             "trial_memory_mb": settings.trial_memory_mb, "backend": backend, "hardware": hardware, "space": space,
             "runtimes": list(runtimes) if runtimes else None, "isolate": isolate, "guided": settings.guided,
-            "patience": settings.patience}
+            "patience": settings.patience, "slo": settings.slo.to_dict() if settings.slo is not None else None}
 
 
 def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[SearchSettings, dict]:
@@ -70,7 +71,9 @@ def _settings(study: optuna.Study, url: str, seed_offset: int | None) -> tuple[S
     # Workers with one seed would suggest the same configurations: local workers get seed + index, others none.
     seed = saved["seed"] + seed_offset if saved.get("seed") is not None and seed_offset is not None else None
     settings = SearchSettings(study=study.study_name, storage=url, trials=None, workload=Workload(**saved["workload"]),
-                              seed=seed, guided=saved.get("guided", True), **{k: saved[k] for k in keys if k in saved})
+                              seed=seed, guided=saved.get("guided", True),
+                              slo=Slo(**saved["slo"]) if saved.get("slo") else None,
+                              **{k: saved[k] for k in keys if k in saved})
     return settings, saved
 
 

@@ -49,6 +49,9 @@ class Job:
     # The study's Pareto front so far ({"number", "throughput_tok_s", "tpot_p99_ms", "peak_memory_mb"} each): a
     # trial clearly dominated by one of them stops its timed repeats early.
     front: list[dict] = field(default_factory=list)
+    # Latency objectives (config/slo.Slo.to_dict): after the benchmark, the trial's goodput under them
+    # (benchmark/goodput.py), where its runtime's stages can measure it.
+    slo: dict | None = None
 
     def __post_init__(self) -> None:
         self.kind = JobKind(self.kind)
@@ -86,6 +89,7 @@ class JobResult:
     quant: dict | None = None  # the quantize step: method, layers converted and kept, calibration, sensitivity
     build: dict | None = None  # how the engine runs: its compiled artifact, prepacking, spilling (Engine.build_record)
     holdout: dict | None = None  # a HOLDOUT job's decode check on the held-back prompts
+    goodput: dict | None = None  # with an SLO: the rate search, every rate tried (benchmark/goodput.find_goodput)
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from autotune.config.slo import Slo
 from autotune.gate.cache import store_gate
 from autotune.gate.result import verdict_word
 from autotune.progress import log
@@ -30,6 +31,9 @@ class TrialStages(Protocol):
     - `gate(cached)`: the gate figures (GateResult.to_dict); `cached` is the job's teacher-forced figures of these
       numerics where the study had them, and then only the decode check runs.
     - `bench()`: the benchmark's figures.
+    - `goodput(slo, bench, budget_s)`: with an SLO, the goodput rate search on the serving path (benchmark/goodput.
+      measure_goodput), started from the benchmark's throughput, in about `budget_s`; its warm-up (the serving
+      graphs) is not counted in the budget. A runtime without a step runner leaves it out.
     - `holdout()`: the decode check's figures on the held-back prompts (a HOLDOUT job: no gate, no benchmark).
     - `timing()`: seconds to add to the trial's timing when it ends (the compiler's share).
     - `close()`: free what the build holds; called however the trial ends."""
@@ -59,6 +63,28 @@ def gate_line(gate: dict) -> str:
         line += (f"; decode {gate['decode_agreement']:.4f} over {gate['decode_positions']} positions of "
                  f"{gate['decode_prompts']} prompts, {gate['decode_verdict']}")
     return f"{line} ({verdict_word(gate)})"
+
+
+# The goodput search takes at most a quarter of its trial: a third of what the trial took before it.
+GOODPUT_SHARE = 1 / 3
+
+
+def _goodput(job: Job, stages: TrialStages, result: JobResult, timing: dict) -> None:
+    """The goodput under the job's SLO, on the bench figures (`goodput_req_s`, `goodput_tok_s`) and whole in
+    `result.goodput`; a runtime that cannot measure it says so."""
+    measure = getattr(stages, "goodput", None)
+    if measure is None:
+        result.goodput = {"met": False, "goodput_req_s": 0.0, "goodput_tok_s": 0.0,
+                          "note": "this runtime has no step runner to drive open-loop: goodput not measured"}
+    else:
+        spent = sum(v for k, v in timing.items() if k in ("build_s", "gate_s", "bench_s"))
+        t0 = time.perf_counter()
+        result.goodput = measure(Slo(**job.slo), result.bench, GOODPUT_SHARE * spent)
+        timing["goodput_s"] = time.perf_counter() - t0
+    result.bench["goodput_req_s"] = result.goodput["goodput_req_s"]
+    result.bench["goodput_tok_s"] = result.goodput["goodput_tok_s"]
+    log(f"  goodput: {result.goodput['goodput_req_s']:.3g} req/s ({result.goodput['goodput_tok_s']:.1f} tok/s)"
+        + (f"; {result.goodput['note']}" if result.goodput.get("note") else ""))
 
 
 def run_trial(job: Job, stages: TrialStages, checkpoint: Checkpoint) -> JobResult:
@@ -97,6 +123,8 @@ def run_trial(job: Job, stages: TrialStages, checkpoint: Checkpoint) -> JobResul
             t0 = time.perf_counter()
             result.bench = stages.bench()
             timing["bench_s"] = time.perf_counter() - t0
+            if job.slo is not None:
+                _goodput(job, stages, result, timing)
         timing.update(stages.timing())
         return result
     finally:

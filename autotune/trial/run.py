@@ -3,15 +3,18 @@ speed baseline. The device it builds on is given by the caller (autotune/trial/_
 from __future__ import annotations
 
 import platform
+import time
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 import transformers
 
 from autotune.benchmark.bench import benchmark_engine, benchmark_hf_generate
+from autotune.benchmark.goodput import measure_goodput
 from autotune.benchmark.peak_rss import rss_bytes
 from autotune.benchmark.policy import policy_for
 from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
 from autotune.engine import Engine
@@ -116,6 +119,18 @@ class _EngineStages:
         return benchmark_engine(self.engine, prompts, workload, policy=policy, base_rss=self.base_rss,
                                 device=self.torch_device, cut=dominated_cut(job.front) if job.front else None)
 
+    def goodput(self, slo: Slo, bench: dict, budget_s: float) -> dict:
+        from autotune.serve.engine_loop import serving_runner  # the server's path, loaded only for an SLO
+
+        workload = self.workload
+        runner = serving_runner(self.engine, workload.max_seq_len)
+        t0 = time.perf_counter()
+        runner.warm_up()  # the serving graphs (decode buckets, chunked prefill), as a first start compiles them
+        warm_s = time.perf_counter() - t0
+        out = measure_goodput(runner, lambda w: _prompts(self.tokenizer, w), workload, slo,
+                              bench["throughput_tok_s"], budget_s=budget_s, eos_token_id=self.engine.model.eos_token_id)
+        return {**out, "warmup_s": warm_s}
+
     def timing(self) -> dict:
         # dynamo's timers (O1's torch.compile), and O2's torch.export + AOTInductor packages, which they miss.
         packaged = getattr(self.engine, "packaged", None)
@@ -123,6 +138,10 @@ class _EngineStages:
 
     def close(self) -> None:
         self.engine = None
+
+
+def _prompts(tokenizer, workload: Workload) -> list[list[int]]:
+    return bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max, workload.seed)
 
 
 def _trial(job: Job, spec: ModelSpec, tokenizer, device: Device, base_rss: int,
