@@ -183,7 +183,7 @@ def main() -> int:
                                                    device_power=recipe.data.get("threads") or 0).label()
     record = {"kind": "profile", "machine": machine(fingerprint),
               "recipe": {"path": recipe_path, "model": recipe.model, "label": recipe.config.label()},
-              "workload": workload, "batch": recipe.config.batch_size, "engines": engines}
+              "workload": workload, "batch": recipe.config.batch_size, "rounds": rounds, "engines": engines}
     write(f"profile_step-{Path(recipe.model).name}-{fingerprint['hardware']}", record)
     print(profile_table(record))
     return 0

@@ -30,8 +30,9 @@ def test_unknown_model_lists_known_ones():
 def test_malformed_space_names_file_and_line(tmp_path):
     space = tmp_path / "bad.yaml"
     space.write_text("dimensions:\n  quant:\n    values: [none, int3]\n")
-    line = _one_clear_line(_run("search", "--space", str(space)))
+    line = _one_clear_line(_run("search", "--space", str(space), cwd=tmp_path))
     assert f"{space}:3:" in line and "int3" in line
+    assert not (tmp_path / "studies").exists()  # refused before a study was made for it
 
 
 @pytest.mark.slow

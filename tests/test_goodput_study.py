@@ -115,3 +115,24 @@ def test_a_runtime_without_a_step_runner_says_goodput_was_not_measured():
     job = Job(kind=JobKind.TRIAL, model="m", workload={}, slo=SLO.to_dict(), gate={"cached": True})
     result = run_trial(job, Stages(), lambda partial: None)
     assert result.bench["goodput_req_s"] == 0.0 and "not measured" in result.goodput["note"]
+
+
+def test_an_slo_no_configuration_meets_is_said_in_one_line(tmp_path, capsys):
+    from autotune.api.run import _say_if_unmet
+
+    class Unmet(GoodputBackend):
+        def run(self, job, timeout_s):
+            result = super().run(job, timeout_s)
+            if result.goodput:
+                rates = [{"rate": 2.0, "attainment": 0.4, "counted": 36}, {"rate": 1.0, "attainment": 0.7,
+                                                                           "counted": 36}]
+                result.goodput = {**result.goodput, "met": False, "goodput_req_s": 0.0, "rates": rates}
+                result.bench = {**result.bench, "goodput_req_s": 0.0}
+            return result
+
+    study = _open(_settings(tmp_path, 2))
+    run_search(_settings(tmp_path, 2), load_space(DEFAULT_SPACE), Unmet(), study)
+    capsys.readouterr()
+    _say_if_unmet(study, SLO)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "no configuration met the SLO" in line]
+    assert len(lines) == 1 and "best attainment seen was 70%" in lines[0] and "at 1 req/s" in lines[0]

@@ -99,7 +99,7 @@ def test_open_loop_levels_judge_the_slo_and_find_goodput(served, tiny_model_fold
 
 def test_a_failed_request_is_a_miss_and_times_run_from_the_due_time():
     from autotune.config.slo import Slo
-    from autotune.serve.loadtest import Outcome
+    from autotune.serve.loadtest import Outcome, stream_request
     from autotune.serve.open_loop_http import judge, send_at_arrivals
 
     slo = Slo(1000.0, 100.0)
@@ -112,6 +112,7 @@ def test_a_failed_request_is_a_miss_and_times_run_from_the_due_time():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))  # bound, never listening: refused at once
         port = s.getsockname()[1]
-        outcomes, seconds = send_at_arrivals("127.0.0.1", port, [{"prompt": "x"}] * 3, [0.0, 0.2, 0.4])
+        outcomes, seconds = send_at_arrivals(stream_request, "127.0.0.1", port, [{"prompt": "x"}] * 3,
+                                             [0.0, 0.2, 0.4])
     assert seconds >= 0.4 and all(not o.ok for o in outcomes)
     assert all(o.latency_s < 0.2 for o in outcomes)  # each from its own due time, not from the start

@@ -126,6 +126,9 @@ def run(options: SearchOptions) -> SearchResult:
         repeats=options.repeats, repeat_time_s=options.repeat_time_s, trial_memory_mb=options.trial_memory_mb,
         guided=options.guided, patience=options.patience,
     )
+    if options.space is not None:  # a bad space file is refused before a study is made for it
+        search_space(backend, options.space if isinstance(options.space, tuple) else str(options.space),
+                     options.runtimes)
     study = open_study(settings)
     space_file, runtimes = _resumed_space(study, options)
     space = search_space(backend, space_file, runtimes)

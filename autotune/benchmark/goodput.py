@@ -2,8 +2,9 @@
 its TPOT limit (DistServe, OSDI'24). Found by a rate search of open-loop runs (benchmark/open_loop.py): from a start
 rate (the offline throughput in requests per second: the most the engine serves when it is never idle), double
 while the target is met or halve until it is, then bisect between the highest rate met and the lowest missed, in
-geometric steps, until they are within PRECISION of each other or the time budget is spent. Every rate tried is kept
-with its attainment and interval."""
+geometric steps, until they are within PRECISION of each other or the time budget is spent. A probe sends as many
+requests as arrive in half the budget at its rate, between MIN_PROBE_REQUESTS and PROBE_REQUESTS. Every rate tried is
+kept with its attainment and interval."""
 from __future__ import annotations
 
 import math
@@ -23,7 +24,8 @@ __all__ = ["find_goodput", "measure_goodput", "goodput_workload", "PRECISION", "
 PRECISION = 0.1  # the search ends when the highest rate met and the lowest missed are within 10%
 MAX_DOUBLINGS = 3  # above the start rate: the offline throughput is already the engine's saturated rate
 MAX_HALVINGS = 5  # below it: at 1/32 of its saturated rate an engine that still misses cannot meet the SLO
-PROBE_REQUESTS = 40  # per rate: with 4 warm-up requests, 36 counted; at a 0.9 target, 3 may miss
+PROBE_REQUESTS = 40  # per rate at most: with 4 warm-up requests, 36 counted; at a 0.9 target, 3 may miss
+MIN_PROBE_REQUESTS = 20  # per rate at least: 2 warm-up, 18 counted, 1 may miss at 0.9
 
 
 def goodput_workload(workload: Workload, rate: float, requests: int = PROBE_REQUESTS) -> Workload:
@@ -100,12 +102,18 @@ def measure_goodput(runner: StepRunner, prompts_for: Callable[[Workload], list[l
     start rate is the offline throughput over the probe's mean output length. The figure in output tokens per
     second is the goodput rate times that mean."""
     probe_workload = goodput_workload(workload, 1.0)
-    prompts = prompts_for(probe_workload)
     mean_out = probe_workload.mean_output_tokens
+    probes = 0
 
     def measure(rate: float) -> OpenLoopRun:
-        load = load_requests(replace(probe_workload, rate=rate), prompts)
-        return run_open_loop(runner, load, slo, rate, eos_token_id=eos_token_id)
+        # Each probe its own prompts (and arrival draws): a runtime with a prefix cache would otherwise serve every
+        # probe after the first from the first one's cache.
+        nonlocal probes
+        probes += 1
+        # As many requests as arrive in half the budget (the first two probes always run), within the bounds.
+        n = min(PROBE_REQUESTS, max(MIN_PROBE_REQUESTS, round(rate * budget_s / 2)))
+        w = replace(probe_workload, rate=rate, seed=workload.seed + probes, num_requests=n)
+        return run_open_loop(runner, load_requests(w, prompts_for(w)), slo, rate, eos_token_id=eos_token_id)
 
     out = find_goodput(measure, offline_tok_s / mean_out, slo, budget_s=budget_s)
     out["goodput_tok_s"] = out["goodput_req_s"] * mean_out

@@ -11,12 +11,11 @@ from autotune.config.deploy import DeployConfig
 from autotune.progress import log
 from autotune.recipes.recipe import build_recipe, recipe_dir, write_recipe
 from autotune.results.annotate import annotate_study, artifact_dir
-from autotune.results.front import exportable, pareto_trials
+from autotune.results.front import exportable, front_picks, pareto_trials
 from autotune.study.optuna_private import storage_url as storage_url_of
 
 __all__ = ["write_recipes"]
 
-_PICKS = (("best-throughput", 0, max), ("best-latency", 1, min), ("smallest-memory", 2, min))
 
 
 def write_recipes(study: optuna.Study, out: str | Path, storage_url: str, key: bytes | None = None) -> list[Path]:
@@ -28,9 +27,7 @@ def write_recipes(study: optuna.Study, out: str | Path, storage_url: str, key: b
     if not trials:
         return []
     folder = recipe_dir(out, study.user_attrs["model"], study.user_attrs["hardware"]["hardware"])
-    picks: dict[int, list[str]] = {t.number: [] for t in trials}
-    for name, index, choose in _PICKS:
-        picks[choose(trials, key=lambda t: t.values[index]).number].append(name)
+    picks = front_picks(trials)
     written = []
     for t in trials:
         recipe = build_recipe(study, t, storage_url, picks[t.number])

@@ -6,7 +6,12 @@ import optuna
 
 from autotune.recipes.recipe import holdout_of, holdout_verdict
 
-__all__ = ["pareto_trials", "exportable"]
+__all__ = ["pareto_trials", "exportable", "front_picks"]
+
+# The named recipes among a front's points, by the benchmark figure each is best on: read from the trial's figures,
+# not its objective values, which a study under latency objectives orders otherwise (goodput, memory).
+_PICKS = (("best-throughput", "throughput_tok_s", max), ("best-latency", "tpot_p99_ms", min),
+          ("smallest-memory", "peak_memory_mb", min), ("best-goodput", "goodput_req_s", max))
 
 
 def _held_back_failed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
@@ -42,3 +47,14 @@ def exportable(trial: optuna.trial.FrozenTrial) -> bool:
     return (trial.state == optuna.trial.TrialState.COMPLETE and "bench" in trial.user_attrs
             and (gate is None or bool(gate.get("passed")) or gate.get("measured") is False)
             and all(v <= 0 for v in trial.constraints.values()))
+
+
+def front_picks(trials: list[optuna.trial.FrozenTrial]) -> dict[int, list[str]]:
+    """Each trial's names among the picks (a pick of a figure no trial has, goodput outside an SLO study, is left
+    out)."""
+    picks: dict[int, list[str]] = {t.number: [] for t in trials}
+    for name, metric, choose in _PICKS:
+        having = [t for t in trials if (t.user_attrs.get("bench") or {}).get(metric) is not None]
+        if having:
+            picks[choose(having, key=lambda t: t.user_attrs["bench"][metric]).number].append(name)
+    return picks

@@ -10,13 +10,12 @@ from optuna.trial import TrialState
 from autotune.config.deploy import DeployConfig
 from autotune.recipes.baselines import study_baselines
 from autotune.recipes.recipe import recipe_dir
-from autotune.results.front import exportable, pareto_trials
+from autotune.results.front import exportable, front_picks, pareto_trials
 
 __all__ = ["OUTCOMES", "Point", "is_simulated", "points", "recipe_rows", "search_cost"]
 
 # Outcome of a trial, in the order the report lists them.
 OUTCOMES = ("front", "dominated", "infeasible", "gated", "failed", "running")
-_PICKS = (("best-throughput", 0, max), ("best-latency", 1, min), ("smallest-memory", 2, min))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +91,7 @@ def recipe_rows(study: optuna.Study, recipes_out: str | Path) -> list[dict]:
     hardware = study.user_attrs["hardware"]
     folder = recipe_dir(recipes_out, study.user_attrs["model"],
                         hardware["hardware"] if isinstance(hardware, dict) else str(hardware))
-    picks: dict[int, list[str]] = {t.number: [] for t in trials}
-    for name, index, choose in _PICKS:
-        picks[choose(trials, key=lambda t: t.values[index]).number].append(name)
+    picks = front_picks(trials)
     baselines = study_baselines(study.user_attrs)
     base = baselines[0]["bench"] if baselines else {}
     rows = []

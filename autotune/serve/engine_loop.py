@@ -23,13 +23,11 @@ from dataclasses import dataclass
 
 from autotune.engine import Completion, Engine, Request
 from autotune.engine.peer import StepRunner
+from autotune.engine.serving import PREFILL_CHUNK, serving_runner
 from autotune.progress import log
 
 __all__ = ["EngineLoop", "Event", "Handle", "Overloaded", "ServingStopped", "PREFILL_CHUNK", "serving_runner"]
 
-# Prompt tokens one engine step may prefill: new prompts delay the running decodes by one forward of at most this
-# many tokens a step, instead of all admitted prompts at once (8 prompts of 128 tokens in one forward).
-PREFILL_CHUNK = 256
 # A burst of requests that finds the engine idle (clients connecting together) is admitted as one: the loop keeps
 # taking arrivals while each comes within ARRIVAL_GAP_S of the last, for at most BURST_WINDOW_S, so that the burst is
 # prefilled in one forward as offline, rather than its first request alone and the rest in chunks beside that
@@ -37,14 +35,6 @@ PREFILL_CHUNK = 256
 # lone request on an idle server one gap of waiting.
 ARRIVAL_GAP_S = 0.005
 BURST_WINDOW_S = 0.05
-
-
-def serving_runner(engine: Engine, max_seq_len: int, prefill_chunk: int | None = PREFILL_CHUNK) -> StepRunner:
-    """The runner `autotune serve` drives: the recipe's batch, a pool of batch * max_seq_len tokens, decode in
-    batch buckets, prompts prefilled in chunks beside running decodes. The goodput search drives the same."""
-    batch = engine.config.batch_size
-    return engine.runner(max_seq_len=max_seq_len, pool_tokens=batch * max_seq_len, prefill_chunk=prefill_chunk,
-                         bucketed=True)
 
 
 class Overloaded(Exception):

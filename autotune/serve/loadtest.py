@@ -25,7 +25,7 @@ from autotune.errors import UserInputError
 from autotune.serve.guard import API_KEY_ENV
 from autotune.serve.open_loop_http import find_http_goodput, judge, send_at_arrivals
 
-__all__ = ["Outcome", "check_loopback", "one_request", "run_level", "run_loadtest", "format_table"]
+__all__ = ["Outcome", "check_loopback", "one_request", "stream_request", "run_level", "run_loadtest", "format_table"]
 
 
 @dataclass(slots=True)
@@ -68,6 +68,11 @@ def _model_id(host: str, port: int) -> str | None:
 def one_request(host: str, port: int, body: dict, timeout: float = 300.0) -> Outcome:
     """One streaming completion; every SSE event that carries a choice counts as the arrival of a token."""
     return asyncio.run(_request(host, port, body, timeout))
+
+
+async def stream_request(host: str, port: int, body: dict, timeout: float, started: float | None = None) -> Outcome:
+    """One streaming completion on the running event loop (one_request's, for a caller with a loop of its own)."""
+    return await _request(host, port, body, timeout, started)
 
 
 async def _request(host: str, port: int, body: dict, timeout: float, started: float | None = None) -> Outcome:
@@ -199,7 +204,8 @@ def run_level(host: str, port: int, bodies: list[dict], concurrency: int, rate: 
     may be due at once, unbounded. With `slo`: its attainment, a failed request counted as a miss."""
     started = time.perf_counter()
     if rate:
-        outcomes, _ = send_at_arrivals(host, port, bodies, gamma_arrivals(len(bodies), rate, burstiness, seed))
+        outcomes, _ = send_at_arrivals(_request, host, port, bodies, gamma_arrivals(len(bodies), rate, burstiness,
+                                                                                    seed))
     else:
         outcomes = [None] * len(bodies)
 
@@ -264,8 +270,8 @@ def run_loadtest(url: str, prompts: list[str], concurrencies: list[int], num_req
             burst = run_level(host, port, bodies(n), n)
             start = burst.requests_per_s
             out["levels"].append(asdict(burst))
-        out["goodput"] = find_http_goodput(host, port, bodies, lambda r, k: gamma_arrivals(k, r, burstiness), slo,
-                                           start, n, budget_s)
+        out["goodput"] = find_http_goodput(_request, host, port, bodies,
+                                           lambda r, k: gamma_arrivals(k, r, burstiness), slo, start, n, budget_s)
         return out
     for c in ([0] if rate else concurrencies):
         n = num_requests or max(16, 2 * c)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from autotune.benchmark.bench import percentile
 from autotune.benchmark.goodput import find_goodput
@@ -22,12 +22,15 @@ from autotune.config.slo import Slo
 
 __all__ = ["send_at_arrivals", "judge", "find_http_goodput"]
 
+# One streaming request: (host, port, body, timeout_s, started=due time) -> an outcome with ok, tokens, ttft_s,
+# tpot_s, latency_s, error (serve/loadtest.py's client).
+Request = Callable[..., Awaitable]
 
-def send_at_arrivals(host: str, port: int, bodies: list[dict], due: list[float], timeout_s: float = 300.0):
-    """Every body sent at its `due` second from now on its own task; returns (outcomes, seconds). Outcome times are
-    from the due time."""
-    from autotune.serve.loadtest import _request  # the same streaming client as the concurrency levels
 
+def send_at_arrivals(request: Request, host: str, port: int, bodies: list[dict], due: list[float],
+                     timeout_s: float = 300.0):
+    """Every body sent with `request` (serve/loadtest's streaming client) at its `due` second from now, on its own
+    task; returns (outcomes, seconds). Outcome times are from the due time."""
     async def run() -> list:
         start = time.perf_counter()
 
@@ -35,7 +38,7 @@ def send_at_arrivals(host: str, port: int, bodies: list[dict], due: list[float],
             wait = start + due[i] - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            return await _request(host, port, bodies[i], timeout_s, started=start + due[i])
+            return await request(host, port, bodies[i], timeout_s, started=start + due[i])
 
         return await asyncio.gather(*(one(i) for i in range(len(bodies))))
 
@@ -65,13 +68,13 @@ def judge(outcomes: list, slo: Slo, rate: float, seconds: float, warmup: int | N
                        output_tok_s=sum(o.tokens for o in ok) / seconds if seconds > 0 else 0.0, queue_growth=0)
 
 
-def find_http_goodput(host: str, port: int, bodies_for: Callable[[int], list[dict]],
+def find_http_goodput(request: Request, host: str, port: int, bodies_for: Callable[[int], list[dict]],
                       due_for: Callable[[float, int], list[float]], slo: Slo, start_rate: float, requests: int,
                       budget_s: float) -> dict:
     """Goodput of a server: open-loop runs of `requests` requests (`bodies_for(n)`, sent at `due_for(rate, n)`) at the
     rates the search picks, from `start_rate`."""
     def measure(rate: float) -> OpenLoopRun:
-        outcomes, seconds = send_at_arrivals(host, port, bodies_for(requests), due_for(rate, requests))
+        outcomes, seconds = send_at_arrivals(request, host, port, bodies_for(requests), due_for(rate, requests))
         return judge(outcomes, slo, rate, seconds)
 
     return find_goodput(measure, start_rate, slo, budget_s=budget_s)

@@ -20,6 +20,7 @@ from autotune.devices.base import Device
 from autotune.engine import Engine
 from autotune.engine.calibrated import QuantPlan
 from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
+from autotune.engine.serving import serving_runner
 from autotune.errors import AutotuneError
 from autotune.gate.accuracy import GateResult, decode_check, evaluate_gate
 from autotune.gate.cache import reference_path
@@ -120,8 +121,6 @@ class _EngineStages:
                                 device=self.torch_device, cut=dominated_cut(job.front) if job.front else None)
 
     def goodput(self, slo: Slo, bench: dict, budget_s: float) -> dict:
-        from autotune.serve.engine_loop import serving_runner  # the server's path, loaded only for an SLO
-
         workload = self.workload
         runner = serving_runner(self.engine, workload.max_seq_len)
         t0 = time.perf_counter()
