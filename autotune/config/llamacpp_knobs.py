@@ -32,6 +32,9 @@ class LlamaCppKnobs:
     # Every knob came after the first recipes were named by digest: each is left out of keys at its default.
     LATER: ClassVar[tuple[str, ...]] = ("gguf_type", "n_batch", "n_ubatch", "flash_attn", "kv_type", "n_ctx")
     CHOICES: ClassVar[dict[str, tuple]] = {"gguf_type": GGUF_TYPES, "kv_type": KV_TYPES, "flash_attn": FLASH_ATTN}
+    # The simulator sees the file's type alone (cost_knobs: F16 and BF16; the quantized types have no cost view).
+    MODELED: ClassVar[tuple[str, ...]] = ("gguf_type",)
+    SCHEME: ClassVar[tuple[str, ...]] = MODELED
 
     gguf_type: str = "source"
     n_batch: int = 2048

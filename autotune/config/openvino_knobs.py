@@ -37,6 +37,10 @@ class OpenVinoKnobs:
     NUMERICS: ClassVar[tuple[str, ...]] = ("weight_format", "int4_method", "group_size", "ratio",
                                            "inference_precision", "kv_precision")
     LATER: ClassVar[tuple[str, ...]] = ()
+    # The simulator sees the weights' bytes and the matmuls' precision (cost_knobs); the KV precision, the int4
+    # details and the scheduler are left to the trials.
+    MODELED: ClassVar[tuple[str, ...]] = ("weight_format", "inference_precision")
+    SCHEME: ClassVar[tuple[str, ...]] = MODELED
     CHOICES: ClassVar[dict[str, tuple]] = {"weight_format": WEIGHT_FORMATS, "int4_method": INT4_METHODS,
                                            "inference_precision": INFERENCE_PRECISIONS, "kv_precision": KV_PRECISIONS}
 

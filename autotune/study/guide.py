@@ -4,8 +4,13 @@ study, and the next trial is taken from the predicted Pareto front of what has n
 every guided trial is built, gated and measured like any other, and the sampler (TPE) still proposes a share of
 the trials, so that the search is not bound to what the model believes.
 
-The simulator models autotune's engine: in a space over several runtimes the guide orders the engine's trials,
-and the other runtimes' trials come from their baselines and the sampler's turns.
+In a space over several runtimes the front is one: a configuration of OpenVINO or llama.cpp is predicted as the
+engine deployment doing its arithmetic (sim/stand_in.py), with a profile of its own whose factors are fitted to
+that runtime's trials alone, so that one runtime's kernels never set another's predictions. A runtime is predicted
+once one of its trials has been measured here (its plain deployment is the first); until then nothing stands for
+its kernels. The knobs the simulator does not see (a scheduler's token budget, a KV precision) keep their first
+values in guided trials, or a variant known to pass; the local-search turns (peer_turns.py) and the sampler vary
+them.
 
 What the simulator cannot know is accuracy: numerics whose gate failed in this study are left out. Turns for speed
 take schemes already known to pass (exploit); the memory turn, where lower-bit schemes are what there is to gain,
@@ -18,7 +23,7 @@ from collections.abc import Callable
 import optuna
 
 from autotune.config.deploy import DeployConfig
-from autotune.config.runtimes import DEFAULT_RUNTIME
+from autotune.config.runtimes import DEFAULT_RUNTIME, SHARED_KNOBS, runtime_of
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.models.registry import ModelSpec, resolve_model
@@ -27,6 +32,7 @@ from autotune.sim.anchors import CPU_METRICS
 from autotune.sim.fit import BOUNDS, CPU_FIT, Anchor, fit_factors, with_factors
 from autotune.sim.hardware import HardwareProfile, load_profile
 from autotune.sim.predict import predict
+from autotune.sim.stand_in import stand_in
 from autotune.space.search_space import RUNTIME_DIMENSION, SearchSpace
 
 __all__ = ["Guide", "PROFILE_OF_BACKEND", "GUIDE_ROLE"]
@@ -39,36 +45,58 @@ GUIDE_ROLE = "sim-guided"
 _TURNS = (("throughput_tok_s", True), ("tpot_p99_ms", False), ("throughput_tok_s", True), ("peak_memory_mb", False))
 # Refitting every factor from scratch each trial would cost seconds; a few sweeps from the last fit suffice.
 _SWEEPS = 4
-# The knobs the simulator models. The others (how a scheme is calibrated, which layers fall back) change accuracy
-# and little else it could predict: guided trials keep them at their first value, or at a variant of the scheme
-# already known to pass, and the sampler's trials explore them.
-SIM_KNOBS = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "batch_size", "page_size", "kv_policy",
-             "device_power")
-_ACCURACY_KNOBS = ("quant_method", "fallback_layers")
-
-
-def _engine(config: dict | None) -> bool:
-    """Whether a stored configuration is of autotune's engine, the runtime the simulator models."""
-    return bool(config) and config.get("runtime", DEFAULT_RUNTIME) == DEFAULT_RUNTIME
 
 
 def _key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
+def _modeled_grid(part: SearchSpace) -> list[dict]:
+    """A one-runtime space's configurations over the knobs the simulator models (the shared ones and the runtime's
+    MODELED), every other knob at its first value where it applies."""
+    modeled = {*SHARED_KNOBS, *runtime_of(part.runtime).knob_class.MODELED}
+    out: list[dict] = [{}]
+    for dim in part.dimensions:
+        out = [{**p, dim.name: v} for p in out for v in (
+            (dim.values_for(p) if dim.name in modeled else dim.values_for(p)[:1]) if dim.applies(p) else (None,))]
+    return [{k: v for k, v in p.items() if v is not None} for p in out]
+
+
+def _scheme(config: DeployConfig) -> tuple:
+    """The runtime and its knobs that name a numerics scheme to the guide (the engine's weights and precision)."""
+    return (config.runtime, *(getattr(config, k) for k in config.knobs.SCHEME))
+
+
+def _variant(config: DeployConfig) -> dict:
+    """The knobs that change its numerics and the simulator does not model (how a scheme is calibrated, which
+    layers fall back, a KV precision): which variant of its scheme it is."""
+    knobs = config.knobs
+    return {k: getattr(knobs, k) for k in knobs.NUMERICS if k not in knobs.MODELED}
+
+
 class Guide:
     def __init__(self, spec: ModelSpec, space: SearchSpace, workload: Workload, profile: HardwareProfile) -> None:
         self.spec, self.space, self.workload = spec, space, workload
-        self.prior = self.profile = profile
-        engine = next((part for part in space.parts if part.runtime == DEFAULT_RUNTIME), None)
-        grid = [{RUNTIME_DIMENSION: DEFAULT_RUNTIME, **p} for p in engine.grid()] if engine else (
-            space.grid() if space.runtime == DEFAULT_RUNTIME else [])
-        # Precisions the profile has no rate for (an adapted space holds none) cannot be predicted: left out.
-        self.grid = [p for p in grid if all(
-            p.get(dim.name) in (None, *dim.values_for(p)[:1]) for dim in space.dimensions
-            if dim.name not in (*SIM_KNOBS, RUNTIME_DIMENSION))
-            and p.get("dtype", "bf16") in profile.tflops]
-        self.fitted_on = 0
+        self.prior = profile
+        # Per runtime, the profile refitted to its trials; the engine's starts from the prior, the others once one
+        # of their trials has been measured.
+        self.profiles: dict[str, HardwareProfile] = {DEFAULT_RUNTIME: profile}
+        self._fitted: dict[str, int] = {}
+        grid = [{RUNTIME_DIMENSION: part.runtime, **p} for part in space.parts for p in _modeled_grid(part)] \
+            if space.parts else _modeled_grid(space)
+        # Precisions the profile has no rate for (an adapted space holds none), and configurations a runtime has
+        # no cost view of, cannot be predicted: left out.
+        self.grid = [p for p in grid if (c := stand_in(space.to_config(p))) is not None and c.dtype in profile.tflops]
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The engine's profile, refitted to its trials (what trial limits are predicted with)."""
+        return self.profiles[DEFAULT_RUNTIME]
+
+    @property
+    def fitted_on(self) -> int:
+        """Trials the profiles were last fitted to, all runtimes together."""
+        return sum(self._fitted.values())
 
     @classmethod
     def for_backend(cls, backend_name: str, model: str, space: SearchSpace, workload: Workload) -> Guide | None:
@@ -82,43 +110,49 @@ class Guide:
             return None
 
     def refit(self, trials: list[optuna.trial.FrozenTrial]) -> None:
-        """Fit the profile's factors to this study's measured trials (when there are new ones)."""
-        anchors = []
+        """Fit each runtime's profile to this study's measured trials of that runtime (where there are new ones)."""
+        anchors: dict[str, list[Anchor]] = {}
         for t in trials:
-            bench, config = t.user_attrs.get("bench"), t.user_attrs.get("config")
-            if t.state != optuna.trial.TrialState.COMPLETE or not bench or not _engine(config) \
+            bench, stored = t.user_attrs.get("bench"), t.user_attrs.get("config")
+            if t.state != optuna.trial.TrialState.COMPLETE or not bench or not stored \
                     or "duplicate_of" in t.user_attrs:
                 continue
-            anchors += [Anchor(self.spec, DeployConfig.from_dict(config), self.workload, metric, float(bench[metric]),
-                               f"trial #{t.number}") for metric in CPU_METRICS if bench.get(metric)]
-        measured = len({a.source for a in anchors})
-        if not anchors or measured == self.fitted_on:
-            return
-        values = fit_factors(self.profile, anchors, CPU_FIT, BOUNDS, sweeps=_SWEEPS)
-        self.profile, self.fitted_on = with_factors(self.profile, values), measured
+            config = DeployConfig.from_dict(stored)
+            modeled = stand_in(config)
+            if modeled is None:
+                continue
+            anchors.setdefault(config.runtime, []).extend(
+                Anchor(self.spec, modeled, self.workload, metric, float(bench[metric]), f"trial #{t.number}")
+                for metric in CPU_METRICS if bench.get(metric))
+        for runtime, measured in anchors.items():
+            count = len({a.source for a in measured})
+            if count == self._fitted.get(runtime):
+                continue
+            base = self.profiles.get(runtime, self.prior)
+            self.profiles[runtime] = with_factors(base, fit_factors(base, measured, CPU_FIT, BOUNDS, sweeps=_SWEEPS))
+            self._fitted[runtime] = count
 
     def _gate_knowledge(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[set[str], dict[tuple, dict], set[tuple]]:
-        """(numerics keys known to fail, per (scheme, dtype) the accuracy knobs of a variant known to pass (the
-        defaults where they pass, else the one keeping fewest layers in the dtype), the (scheme, dtype) pairs whose
-        default variant failed eagerly and of which no variant passed). A fail of the decode check alone counts as
-        a fail: the guide must not propose those numerics again."""
+        """(numerics keys known to fail, per scheme (_scheme) the variant (_variant) of a build known to pass (the
+        defaults where they pass, else the one keeping fewest layers in the dtype), the schemes whose default
+        variant failed in its first build (eager, for the engine) and of which no variant passed). A fail of the
+        decode check alone counts as a fail: the guide must not propose those numerics again."""
         failing, failing_eager = set(), set()
         passing: dict[tuple, dict] = {}
         for t in trials:
-            gate, config = t.user_attrs.get("gate"), t.user_attrs.get("config")
-            if not gate or not _engine(config) or "tie_aware_agreement" not in gate:
+            gate, stored = t.user_attrs.get("gate"), t.user_attrs.get("config")
+            if not gate or not stored or "tie_aware_agreement" not in gate:
                 continue
-            c = DeployConfig.from_dict(config)
-            knobs = {k: getattr(c, k) for k in _ACCURACY_KNOBS if hasattr(c, k)}
-            scheme = (c.quant, c.dtype)
+            c = DeployConfig.from_dict(stored)
+            knobs, scheme = _variant(c), _scheme(c)
             if gate.get("passed"):
                 best = passing.get(scheme)
                 if best is None or knobs.get("fallback_layers", 0) < best.get("fallback_layers", 0):
                     passing[scheme] = knobs
             else:
                 failing.add(c.numerics_key())
-                default_variant = knobs.get("quant_method", "rtn") == "rtn" and not knobs.get("fallback_layers")
-                if c.fusion_level == "O0" and default_variant:
+                default_variant = knobs == _variant(DeployConfig(runtime=c.runtime))
+                if default_variant and getattr(c.knobs, "fusion_level", "O0") == "O0":
                     failing_eager.add(scheme)
         return failing, passing, failing_eager - set(passing)
 
@@ -136,26 +170,29 @@ class Guide:
         metric, maximise = _TURNS[turn % len(_TURNS)]
         explore = explore or metric == "peak_memory_mb" or not passing
         candidates: dict[tuple, tuple[dict, dict]] = {}
-        last: dict[tuple, tuple[dict, dict]] = {}  # schemes the device runs only through a slow kernel
+        last: dict[tuple, tuple[dict, dict]] = {}
         for params in self.grid:
             config = self.space.to_config(params)
-            scheme = (config.quant, config.dtype)
-            if scheme in failing_eager or config.numerics_key() in failing:
+            profile = self.profiles.get(config.runtime)
+            scheme = _scheme(config)
+            if profile is None or scheme in failing_eager or config.numerics_key() in failing:
                 continue
             if scheme not in passing and not explore:
                 continue
             if scheme in passing:
                 params = {**params, **{k: v for k, v in passing[scheme].items() if k in params}}
-            elif config.fusion_level != "O0":
+            elif params.get("fusion_level", "O0") != "O0":
                 # Learn the scheme's accuracy eagerly first: the same deployment at O0.
                 params = {k: v for k, v in params.items() if k != "layers_per_subgraph"} | {"fusion_level": "O0"}
             config = self.space.to_config(params)
             key = _key(self.space.trial_params(params))
             if key in tried or key in candidates or key in last or (fits is not None and not fits(config)):
                 continue
-            prediction = predict(self.spec, config, self.workload, self.profile)
+            modeled = stand_in(config)
+            prediction = predict(self.spec, modeled, self.workload, profile)  # type: ignore[arg-type]
             if prediction.feasible:
-                slow = f"{config.quant}@{config.dtype}" in self.space.ordered_last
+                # Schemes the device runs only through a slow kernel (the engine's, as the probe ordered them).
+                slow = config.runtime == DEFAULT_RUNTIME and f"{config.quant}@{config.dtype}" in self.space.ordered_last
                 (last if slow else candidates)[key] = (params, prediction.bench())
         candidates = candidates or last
         if not candidates:

@@ -1,8 +1,9 @@
-"""The guide's turns for the runtimes its simulator does not model (OpenVINO, llama.cpp in a search over several
-runtimes): from the best configuration of that runtime measured so far, one knob changed, the knobs that keep its
-numerics first (their gate's teacher-forced figures are cached, and speed is what they change), then those that
-change numerics, never numerics this study has seen fail the gate. A local search around what this study has
-measured of that runtime, where the engine's turns follow the simulator's predictions."""
+"""The guide's local-search turns for the runtimes other than the engine (OpenVINO, llama.cpp in a search over
+several runtimes): from the best configuration of that runtime measured so far, one knob changed, the knobs that
+keep its numerics first (their gate's teacher-forced figures are cached, and speed is what they change), then those
+that change numerics, never numerics this study has seen fail the gate. The guide's own turns predict such a
+runtime's weights, precision, sequences and threads with a profile fitted to its trials (study/guide.py); these
+turns reach the knobs its simulator does not see (a scheduler's token budget, its KV precision)."""
 from __future__ import annotations
 
 from typing import Any

@@ -10,6 +10,7 @@ import optuna
 
 from autotune.config.deploy import DeployConfig
 from autotune.config.engine_knobs import WEIGHT_ONLY_SCHEMES
+from autotune.config.runtimes import DEFAULT_RUNTIME
 from autotune.progress import log
 from autotune.study.coordination import NOT_RUN_ATTR, counted, fail_and_retry
 from autotune.study.guide import GUIDE_ROLE, Guide
@@ -95,8 +96,8 @@ def enqueue_guided(study: optuna.Study, guide: Guide, done: int, sampler_share: 
     return True
 
 
-# In a space over several runtimes, every this-many-th guided turn goes to a runtime the simulator does not model
-# (study/peer_turns.py), where it has a measured configuration to start from.
+# In a space over several runtimes, every this-many-th guided turn is a local search around another runtime's best
+# (study/peer_turns.py): it varies the knobs the simulator does not model (a scheduler's, a KV precision).
 PEER_SHARE = 3
 
 
@@ -152,6 +153,8 @@ def enqueue_first_builds(study: optuna.Study, guide: Guide, cost: Callable[[Depl
                 continue
 
             def fits(c: DeployConfig, knob=knob, value=value) -> bool:
+                if c.runtime != DEFAULT_RUNTIME:  # the firsts are the engine's fusion levels and schemes
+                    return False
                 slow = f"{c.quant}@{c.dtype}" in guide.space.ordered_last
                 return getattr(c, knob) == value and not slow and cost(c) <= 0.9 * left
             # A scheme of unknown accuracy is a candidate only when exploring: the guide then picks it at O0.

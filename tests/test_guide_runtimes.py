@@ -1,0 +1,142 @@
+"""The guide over several runtimes (study/guide.py, sim/stand_in.py): each runtime's configurations predicted with a
+profile fitted to its own trials alone, none before one of its trials is measured, one front across runtimes, and
+the numerics a runtime failed on left out of its picks."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import optuna
+import pytest
+
+from autotune.config.deploy import DeployConfig
+from autotune.config.workload import Workload
+from autotune.models.registry import resolve_model
+from autotune.sim.hardware import load_profile
+from autotune.sim.predict import predict
+from autotune.sim.stand_in import stand_in
+from autotune.space.search_space import combine, load_space
+from autotune.study.guide import Guide
+
+_ENGINE = """
+version: 1
+dimensions:
+  dtype: {values: [fp32]}
+  quant: {values: [none]}
+  fusion_level: {values: [O0]}
+  batch_size: {values: [8, 16]}
+  page_size: {values: [16]}
+  kv_policy: {values: [on_demand]}
+  device_power: {values: [2]}
+"""
+_OPENVINO = """
+version: 1
+runtime: openvino
+dimensions:
+  batch_size: {values: [16, 8]}
+  device_power: {values: [2]}
+  weight_format: {values: [fp16, int8]}
+  inference_precision: {values: [f32]}
+  kv_precision:
+    by: inference_precision
+    values: {f32: [u8, f32]}
+  max_num_batched_tokens: {values: [256, 2048]}
+"""
+ENGINE_BASE = {"runtime": "engine", "dtype": "fp32", "quant": "none", "fusion_level": "O0", "batch_size": 8,
+               "page_size": 16, "kv_policy": "on_demand", "device_power": 2}
+OV_BASE = {"runtime": "openvino", "batch_size": 16, "device_power": 2, "weight_format": "fp16",
+           "inference_precision": "f32", "kv_precision": "u8", "max_num_batched_tokens": 256}
+PASS = {"tie_aware_agreement": 0.999, "passed": True}
+FAIL = {"tie_aware_agreement": 0.95, "passed": False}
+
+
+@pytest.fixture
+def space(tmp_path):
+    (tmp_path / "e.yaml").write_text(_ENGINE)
+    (tmp_path / "o.yaml").write_text(_OPENVINO)
+    return combine([load_space(tmp_path / "e.yaml"), load_space(tmp_path / "o.yaml")])
+
+
+@pytest.fixture
+def guide(space):
+    # A fixed profile (no probe of this machine): what is tested is which trials fit which runtime's factors.
+    profile = replace(load_profile("a100-80g"), power_levels={}, power_kind="none")
+    return Guide(resolve_model("smollm2-135m"), space, Workload(), profile)
+
+
+def _bench(tok_s: float, tpot_ms: float) -> dict:
+    return {"throughput_tok_s": tok_s, "tpot_p50_ms": tpot_ms, "tpot_p99_ms": tpot_ms * 1.1,
+            "ttft_p50_ms": 900.0, "peak_memory_mb": 700.0}
+
+
+def _add(study, space, params: dict, gate: dict, bench: dict | None) -> None:
+    named = space.trial_params(params)
+    dims = {d.trial_name(params): d for d in space.dimensions if d.name in params}
+    distributions = {name: optuna.distributions.CategoricalDistribution(list(dims[name].values_for(params)))
+                     for name in named}
+    attrs = {"config": space.to_config(params).to_dict(), "gate": gate}
+    if bench is None:
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=named,
+                                                  distributions=distributions, user_attrs=attrs))
+        return
+    attrs["bench"] = bench
+    study.add_trial(optuna.trial.create_trial(
+        values=[bench["throughput_tok_s"], bench["tpot_p99_ms"], bench["peak_memory_mb"]], params=named,
+        distributions=distributions, user_attrs=attrs))
+
+
+def _study() -> optuna.Study:
+    return optuna.create_study(directions=["maximize", "minimize", "minimize"])
+
+
+def test_the_stand_in_is_the_engine_deployment_doing_the_runtime_s_arithmetic():
+    engine = DeployConfig(dtype="fp32", batch_size=4)
+    assert stand_in(engine) is engine
+    ov = stand_in(DeployConfig(runtime="openvino", weight_format="int8", inference_precision="f32",
+                               kv_precision="f32", batch_size=16, device_power=2))
+    assert (ov.runtime, ov.quant, ov.dtype, ov.fusion_level, ov.layers_per_subgraph, ov.page_size,
+            ov.batch_size, ov.device_power) == ("engine", "w8a16", "fp32", "O2", 0, 32, 16, 2)
+    assert stand_in(DeployConfig(runtime="llamacpp", gguf_type="BF16")).dtype == "bf16"
+    assert stand_in(DeployConfig(runtime="llamacpp", gguf_type="Q8_0")) is None  # no cost view of its kernels
+
+
+def test_a_runtime_is_predicted_with_its_own_trials_once_one_is_measured(guide, space):
+    study = _study()
+    _add(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
+    params, _ = guide.next_params(study, turn=0)
+    assert params["runtime"] == "engine"  # no OpenVINO trial measured yet: nothing stands for its kernels
+    assert set(guide.profiles) == {"engine"} and guide.fitted_on == 1
+
+    engine_fit = guide.profile
+    _add(study, space, OV_BASE, PASS, _bench(900.0, 15.0))
+    params, predicted = guide.next_params(study, turn=0)  # a throughput turn
+    assert guide.fitted_on == 2 and set(guide.profiles) == {"engine", "openvino"}
+    assert guide.profile == engine_fit  # OpenVINO's trial did not move the engine's factors
+    assert guide.profiles["openvino"].factors != engine_fit.factors
+    # OpenVINO measured 9x the engine's eager figure: its untried configuration is predicted above the engine's.
+    assert params["runtime"] == "openvino" and params != OV_BASE
+    config = space.to_config(params)
+    expected = predict(guide.spec, stand_in(config), guide.workload, guide.profiles["openvino"]).throughput_tok_s
+    assert predicted["throughput_tok_s"] == pytest.approx(expected, abs=0.01)
+    # The knobs the simulator does not see stay at their first values in a guided pick.
+    assert (params["kv_precision"], params["max_num_batched_tokens"]) == ("u8", 256)
+
+
+def test_a_runtime_s_failed_scheme_is_left_out_and_a_passing_variant_is_kept(guide, space):
+    study = _study()
+    _add(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
+    # int8 weights failed in their default variant (u8 KV) and no variant passed: not proposed again.
+    _add(study, space, {**OV_BASE, "weight_format": "int8"}, FAIL, None)
+    # fp16 passed only with an f32 KV cache: guided fp16 picks carry it.
+    _add(study, space, {**OV_BASE, "kv_precision": "f32"}, PASS, _bench(900.0, 15.0))
+    seen = set()
+    for turn in range(6):
+        picked = guide.next_params(study, turn=turn)
+        if picked is None:
+            break
+        params, predicted = picked
+        if params["runtime"] == "openvino":
+            assert params["weight_format"] == "fp16" and params["kv_precision"] == "f32"
+            seen.add(params["batch_size"])
+        _add(study, space, params, PASS, _bench(predicted["throughput_tok_s"], predicted["tpot_p99_ms"] / 1.1))
+    assert seen == {8}  # the one fp16 OpenVINO configuration left untried
+
