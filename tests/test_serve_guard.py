@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import resource
 import socket
 import statistics
 import time
@@ -223,3 +224,125 @@ def test_stop_strings_are_capped_in_number_and_length(served):
     status, data = _generate(served, stop=["a", "b", "c", "z" * 64], max_new_tokens=2)
     assert status == 200, data
     assert _refused(served)["stop_strings"] - before == 3
+
+
+def _raw(port: int, head: str, first_bytes: bytes = b"", timeout: float = 30) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.sendall(head.encode() + first_bytes)
+    return sock
+
+
+def _answer_and_close(sock: socket.socket) -> tuple[str, float]:
+    """Everything the server sends until it closes the connection, and how long that took."""
+    started, data = time.monotonic(), b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data.decode(errors="replace"), time.monotonic() - started
+
+
+def test_a_body_where_none_is_read_is_answered_and_the_connection_closed(served):
+    # /health reads no body: answered at once, then closed, not held until a deadline while bytes trickle in.
+    with _raw(served.port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n", b"{") as sock:
+        answer, took = _answer_and_close(sock)
+    assert answer.startswith("HTTP/1.1 200") and "connection: close" in answer.lower(), answer
+    assert took < BODY_TIMEOUT_S / 2, took
+    # Without a body, the connection is kept for the next request as usual.
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    for _ in range(2):
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("connection") != "close"
+        resp.read()
+    conn.close()
+
+
+def test_a_refusal_closes_the_connection_with_the_body_unread(served):
+    before = _refused(served)
+    head = ("POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n{auth}\r\n")
+    with _raw(served.port, head.format(auth=""), b'{"prompt":') as sock:  # no key: 401
+        answer, took = _answer_and_close(sock)
+    assert answer.startswith("HTTP/1.1 401") and "connection: close" in answer.lower(), answer
+    assert took < BODY_TIMEOUT_S / 2, took
+    chunked = head.replace("Content-Length: 1000", "Transfer-Encoding: chunked").format(
+        auth=f"Authorization: Bearer {KEY}\r\n")
+    with _raw(served.port, chunked, b"5\r\n{\"pro") as sock:
+        answer, took = _answer_and_close(sock)
+    assert answer.startswith("HTTP/1.1 411") and "chunked bodies are not accepted" in answer, answer
+    assert took < BODY_TIMEOUT_S / 2, took
+    after = _refused(served)
+    assert after["auth"] - before.get("auth", 0) == 1 and after["length"] - before.get("length", 0) == 1
+
+
+def _more_files(wanted: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.skip(f"this test needs {wanted} open files; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+@pytest.mark.slow
+def test_1024_clients_trickling_bodies_on_health_leave_requests_answered_within_1s(served):
+    """As many clients as the connection limit (1,024) each send /health a Content-Length of a megabyte and then
+    a byte at a time: each is answered and closed, so a valid request is answered within a second, not 503."""
+    clients = Access().max_connections
+    _more_files(3 * clients + 256)  # the clients' sockets and the server's, in this one process
+
+    def health() -> None:
+        assert _request(served, "GET", "/health")[0] == 200
+
+    def generate() -> None:
+        status, data = _generate(served, max_new_tokens=4)
+        assert status == 200 and data["completion_tokens"] == 4
+
+    generate()
+    usual = statistics.median(_timed(generate) for _ in range(3))
+    head = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n"
+    socks = [_raw(served.port, head, b"{") for _ in range(clients)]
+    try:
+        for sock in socks:  # trickle on: the server may have closed them already
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                pass
+        health_s = [_timed(health) for _ in range(10)]
+        loaded = [_timed(generate) for _ in range(3)]
+        closed = 0
+        for sock in socks:
+            answer, _ = _answer_and_close(sock)
+            closed += answer.startswith("HTTP/1.1 200")
+    finally:
+        for sock in socks:
+            sock.close()
+    assert closed == clients
+    assert max(health_s) < 1.0, health_s
+    assert max(loaded) < max(1.0, 2 * usual + 0.25), (usual, loaded)
+    print(f"{clients} trickling /health clients: each answered and closed; /health max {max(health_s) * 1e3:.0f} ms, "
+          f"/generate max {max(loaded) * 1e3:.0f} ms (usual {usual * 1e3:.0f} ms)")
+
+
+@pytest.mark.slow
+def test_past_the_connection_limit_a_request_gets_503_counted(tmp_path, context_model_folder):
+    limit = 8
+    recipe = tiny_recipe(tmp_path, context_model_folder, batch_size=2, page_size=16, dtype="fp32")
+    server = Served(recipe, access=Access(api_key=KEY, header_timeout_s=60, max_connections=limit))
+    held = []
+    try:
+        # Connections that have not finished their headers: held until the header deadline.
+        held = [_raw(server.port, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n") for _ in range(limit)]
+        time.sleep(0.5)
+        status, headers, _ = _request(server, "GET", "/health")
+        assert status == 503 and headers.get("connection", "").lower() == "close"
+    finally:
+        for sock in held:
+            sock.close()
+    try:
+        deadline, refused = time.monotonic() + 10, 1
+        while (status := _request(server, "GET", "/health")[0]) != 200:
+            assert status == 503 and time.monotonic() < deadline, "still refused after the held connections closed"
+            refused += 1
+            time.sleep(0.1)
+        assert _refused(server)["connections"] == refused  # read once the limit lets /metrics through
+    finally:
+        server.close()

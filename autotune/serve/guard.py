@@ -7,7 +7,9 @@ out anyone else who can reach the port. A slow client holds a connection, and up
 as long as it likes unless something times it out: uvicorn 0.55 has no timeout on receiving a request
 (`timeout_keep_alive` runs only between requests, and every byte received resets it), so the headers get a deadline
 in the HTTP protocol (`protocol_class`; no ASGI middleware runs before they are parsed) and the body one in the
-middleware (`Guard`), which reads it whole before the app sees it. Every refusal is counted by reason."""
+middleware (`Guard`), which reads it whole before the app sees it. A body is read only where an endpoint takes one:
+every refusal, and every answer to a request whose body is not read (a GET /health with a Content-Length), closes
+the connection, so that no unread body holds it open by trickling in. Every refusal is counted by reason."""
 from __future__ import annotations
 
 import asyncio
@@ -90,7 +92,8 @@ class Guard:
             return
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         refusal = self._refusal(scope, headers)
-        if refusal is None and scope["method"] == "POST" and scope["path"] in self.body_paths:
+        takes_body = scope["method"] == "POST" and scope["path"] in self.body_paths
+        if refusal is None and takes_body:
             refusal = self._body_refusal(headers)
             if refusal is None:
                 body = await self._read(receive)
@@ -104,9 +107,14 @@ class Guard:
         if refusal is not None:
             status, reason, message, extra = refusal
             self.refused(reason)
-            response = JSONResponse(ErrorResponse.of(status, message, reason).model_dump(), status, extra)
+            # Closed after the answer: a body left unread cannot hold the connection by trickling in.
+            response = JSONResponse(ErrorResponse.of(status, message, reason).model_dump(), status,
+                                    {**extra, "Connection": "close"})
             await response(scope, receive, send)
             return
+        if not takes_body and _carries_body(headers):
+            # A body where none is read (GET /health with a Content-Length): answered, then closed, as above.
+            send = _closing(send)
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple | None:
@@ -114,7 +122,7 @@ class Guard:
         if "*" not in self.hosts and host not in self.hosts:
             shown = host[:100] or "(none)"
             return (421, "host", f"Host {shown!r} is not a name of this server: start it with --allowed-host "
-                                 f"{shown} to serve it under that name", {"Connection": "close"})
+                                 f"{shown} to serve it under that name", {})
         if self._key is not None and scope["path"] not in _OPEN_PATHS:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self._key):
@@ -126,15 +134,15 @@ class Guard:
         media = headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
             return (415, "content_type", f"Content-Type must be application/json, not {media[:60] or '(none)'!r}",
-                    {"Connection": "close"})
+                    {})
         length_text = headers.get("content-length")
         if length_text is None:
             return (411, "length", "Content-Length is required (chunked bodies are not accepted)",
-                    {"Connection": "close"})
+                    {})
         length = int(length_text)  # the HTTP parser refused a malformed one already
         if length > self.max_body_bytes:
             return (413, "length", f"body of {length} bytes exceeds the limit of {self.max_body_bytes} bytes",
-                    {"Connection": "close"})
+                    {})
         return None
 
     async def _read(self, receive: Receive) -> bytes | tuple | None:
@@ -151,7 +159,22 @@ class Guard:
                         return b"".join(parts)
         except TimeoutError:
             return (408, "body_timeout", f"the body did not arrive within {self.access.body_timeout_s:g} s",
-                    {"Connection": "close"})
+                    {})
+
+
+def _carries_body(headers: dict[str, str]) -> bool:
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+
+
+def _closing(send: Send) -> Send:
+    """A send that marks the response `Connection: close` (uvicorn then closes the connection once it is sent)."""
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+            message = {**message, "headers": [*kept, (b"connection", b"close")]}
+        await send(message)
+
+    return closing
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
