@@ -13,6 +13,7 @@ import pytest
 from recipe_factory import GATE, bench, make_study
 
 from autotune.config.deploy import DeployConfig
+from autotune.errors import UserInputError
 from autotune.llamacpp.build_info import server_identity, tools_dir
 from autotune.llamacpp.config import server_command
 from autotune.paths import file_sha256
@@ -118,9 +119,25 @@ def test_a_non_loopback_host_is_warned_on_the_llama_path(setup, monkeypatch, cap
     execs = []
     monkeypatch.setattr(app, "placement", lambda recipe, draft: None)
     monkeypatch.setattr(os, "execve", lambda *a: execs.append(a))
-    app.serve_forever(load_recipe(path), "0.0.0.0", 8123, 4, False)
+    app.serve_forever(load_recipe(path), "0.0.0.0", 8123, 4, False, unguarded=True)
     assert execs and execs[0][1][execs[0][1].index("--host") + 1] == "0.0.0.0"
-    assert "listening on 0.0.0.0, not only loopback, WITHOUT an API key" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "listening on 0.0.0.0, not only loopback, WITHOUT an API key" in err
+    assert "--unguarded: llama-server answers on 0.0.0.0:8123 without autotune's guard" in err
+
+
+def test_a_llama_cpp_recipe_is_refused_unless_unguarded(setup, monkeypatch):
+    import autotune.serve.app as app
+
+    path, *_ = setup
+    execs = []
+    monkeypatch.setattr(app, "placement", lambda recipe, draft: None)
+    monkeypatch.setattr(os, "execve", lambda *a: execs.append(a))
+    with pytest.raises(UserInputError) as refused:
+        app.serve_forever(load_recipe(path), "127.0.0.1", 8123, 4, False)
+    assert not execs
+    message = str(refused.value)
+    assert "none of autotune serve's guard" in message and "Pass --unguarded" in message and "\n" not in message
 
 
 @pytest.mark.slow

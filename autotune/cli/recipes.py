@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a Host name to answer under besides localhost and the bound address (repeatable; '*' any)")
     s.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on every request but "
                    f"/health (default: ${API_KEY_ENV} if set, else no key)")
+    s.add_argument("--unguarded", action="store_true",
+                   help="serve a llama.cpp recipe by llama-server itself, without autotune's guard (Host allow-list, "
+                        "JSON-only bodies, deadlines, connection limit); refused without this flag")
     _signature_arg(s)
     s.set_defaults(func=_serve)
 
@@ -84,4 +87,4 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserInputError(f"--api-key: {exc}") from None
     return serve_forever(load_recipe(args.recipe, force=args.force, key=key), args.host, args.port,
-                         args.max_queue, args.force, args.draft, access=access)
+                         args.max_queue, args.force, args.draft, access=access, unguarded=args.unguarded)

@@ -150,13 +150,24 @@ def _raise_interrupt() -> None:
 
 
 def serve_forever(recipe: Recipe, host: str, port: int, max_queue: int, force: bool, draft: bool = False,
-                  access: Access | None = None) -> int:
+                  access: Access | None = None, unguarded: bool = False) -> int:
+    """Serve `recipe` until interrupted. `unguarded`: a recipe served by another program (llama-server), which has
+    none of this server's guard, is served only where the user says so."""
     access = access or Access()
+    runtime = runtime_of(recipe.config.runtime)
+    if runtime.served_by != "autotune" and not unguarded:
+        raise UserInputError(
+            f"{recipe.path} is served by {runtime.server}, which has none of autotune serve's guard: no Host "
+            "allow-list (a web page can reach it under its own name by DNS rebinding), no JSON-only check (a "
+            "cross-site form POST reaches it), no deadlines on a request's headers and body, no connection limit; "
+            "only --api-key is passed on. Pass --unguarded to serve it so (on a machine and network you trust), "
+            "or serve a recipe of autotune's engine or OpenVINO")
     if host not in LOOPBACK:
         key = "with" if access.api_key else "WITHOUT"
         log(f"serve: listening on {host}, not only loopback, {key} an API key: anyone who can reach this machine "
             f"{'and has the key ' if access.api_key else ''}can use it")
-    if runtime_of(recipe.config.runtime).served_by == "llama-server":
+    if runtime.served_by == "llama-server":
+        log(f"serve: --unguarded: {runtime.server} answers on {host}:{port} without autotune's guard")
         # llama-cpp-python missing here: refused in one line, as for any backend.
         placement(recipe, draft)
         return serve_with_llama_server(recipe, host, port, force, api_key=access.api_key)
