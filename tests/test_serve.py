@@ -16,10 +16,11 @@ from urllib.parse import quote
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
-from recipe_factory import Served, tiny_recipe
+from recipe_factory import GATE, Served, bench, config, make_study, tiny_recipe
 
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer
+from autotune.results.export import write_recipes
 from autotune.serve.metrics import ENDPOINTS, OTHER
 
 # Top-1 minus top-2 logit at every greedy position of the reference: a batch's composition moves an fp32 logit by
@@ -303,3 +304,22 @@ def test_overload_gets_503_and_the_admitted_requests_finish(recipe_path):
         assert all("retry later" in a["error"]["message"] for status, a in answers if status == 503)
     finally:
         server.close()
+
+
+@pytest.mark.slow
+def test_a_goodput_recipe_says_its_goodput_at_start_and_in_health(tmp_path, context_model_folder, capsys):
+    goodput = {"slo": {"ttft_ms": 1000.0, "tpot_ms": 100.0, "attainment": 0.9}, "met": True, "goodput_req_s": 2.5,
+               "goodput_tok_s": 40.0, "rates": [{"rate": 2.5, "attainment": 0.95, "counted": 20}]}
+    study, url = make_study(tmp_path, context_model_folder, tmp_path, name="goodput",
+                            points=[(config(dtype="fp32"), bench(200.0, 10.0, 100.0), GATE, {})],
+                            trial_attrs={"goodput": goodput})
+    path = next(p for p in write_recipes(study, tmp_path / "recipes", url) if p.name == "best-throughput.yaml")
+    server = Served(path)
+    try:
+        status, text = server.get("/health")
+    finally:
+        server.close()
+    said = json.loads(text)["goodput"]
+    assert status == 200 and said == {k: goodput[k] for k in ("slo", "met", "goodput_req_s", "goodput_tok_s")}
+    assert "within TTFT 1000 ms and TPOT 100 ms for 90% of requests: 2.5 req/s (40.0 output tok/s)" in \
+        capsys.readouterr().err

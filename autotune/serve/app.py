@@ -134,7 +134,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
             "configuration": recipe.config.to_dict(), "batch_size": recipe.config.batch_size,
             "max_seq_len": max_seq_len, "recipe_verified": recipe.verified,
             "metrics_source": recipe.data["metrics"]["source"], "backend": where.backend,
-            "draft": recipe.simulated}
+            "draft": recipe.simulated, "goodput": _goodput(recipe)}
     limits = Limits(max_seq_len, max_prompt_bytes=prompt_bytes_for(tokenizer, max_seq_len))
     app = ServingApp(engine_loop, tokenizer, limits, Path(recipe.model).name, info,
                      ServerMetrics(engine_loop))
@@ -143,6 +143,22 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
     except OSError as exc:
         engine_loop.stop()
         raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _goodput(recipe: Recipe) -> dict | None:
+    """What the recipe's study measured this configuration to serve within its latency objectives (autotune search
+    --slo), said at the start and in /health; None for a recipe of an offline study."""
+    goodput = recipe.data.get("goodput")
+    if not goodput:
+        return None
+    slo = goodput["slo"]
+    said = (f"{goodput['goodput_req_s']:.3g} req/s ({goodput['goodput_tok_s']:.1f} output tok/s)" if goodput["met"]
+            else "no rate tried met them")
+    log(f"serve: measured when searched, within TTFT {slo['ttft_ms']:g} ms and TPOT {slo['tpot_ms']:g} ms for "
+        f"{slo['attainment']:.0%} of requests: {said}; `autotune loadtest URL --slo ttft={slo['ttft_ms']:g}ms,"
+        f"tpot={slo['tpot_ms']:g}ms --attainment {slo['attainment']:g} --find-goodput` measures it as served")
+    return {"slo": slo, "met": goodput["met"], "goodput_req_s": goodput["goodput_req_s"],
+            "goodput_tok_s": goodput["goodput_tok_s"]}
 
 
 def _raise_interrupt() -> None:

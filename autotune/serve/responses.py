@@ -136,6 +136,7 @@ class HealthResponse(BaseModel):
     metrics_source: str
     backend: str
     draft: bool
+    goodput: dict | None = None  # the recipe's, where its study ran under latency objectives (`slo`, req/s, tok/s)
     queue_depth: int
     running: int
     kv_pages_in_use: int
