@@ -12,6 +12,7 @@ from recipe_factory import tiny_recipe
 
 from autotune.devices.cpu import CpuDevice
 from autotune.errors import UserInputError
+from autotune.gate.design import design
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, load_tokenizer
 from autotune.paths import private_dir
@@ -75,7 +76,7 @@ def test_a_packaged_program_that_fails_the_decode_check_is_refused_unless_forced
     engine, recipe, tokenizer = served
     failed = {"decode_agreement": 0.95, "decode_positions": 1536, "decode_passed": False, "decode_decided": True,
               "decode_verdict": "fail: 0.9500 over 1536 positions", "throughput_tok_s": 1.0,
-              "peak_memory_mb": 1.0}
+              "peak_memory_mb": 1.0, "gate_design": design()}
     (tmp_path / CHECK).write_text(json.dumps(failed))
     # Gated before the decode check existed: its recipe has no decode figure to set beside the check's.
     fast = _with_metrics(recipe, gate={"decode_agreement": None}, throughput_tok_s=1.0, throughput_min=1.0,
@@ -89,3 +90,17 @@ def test_a_packaged_program_that_fails_the_decode_check_is_refused_unless_forced
     check_packaged(engine, slow, tokenizer, tmp_path, base_rss=0, force=True)
     assert "WARNING: the packaged program differs from the recipe: throughput 1.0 tok/s here" in \
         capsys.readouterr().err
+
+
+def test_a_check_made_under_another_decode_check_design_is_made_again(served, tmp_path, capsys, monkeypatch):
+    engine, recipe, tokenizer = served
+    kept = {"decode_agreement": 1.0, "decode_positions": 1024, "decode_passed": True, "decode_decided": True,
+            "decode_verdict": "pass: under the old rule", "throughput_tok_s": 1.0, "peak_memory_mb": 1.0,
+            "gate_design": {**design(), "GATE_VERSION": "3"}}
+    (tmp_path / CHECK).write_text(json.dumps(kept))
+    fresh = {**kept, "decode_positions": 1536, "decode_verdict": "pass: today's rule"}
+    fresh.pop("gate_design")
+    monkeypatch.setattr(first_start, "measure_packaged", lambda *args: dict(fresh))
+    check = check_packaged(engine, recipe, tokenizer, tmp_path, base_rss=0, force=True)
+    assert check == {**fresh, "gate_design": design()} and json.loads((tmp_path / CHECK).read_text()) == check
+    assert "checked under another design of the decode check" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from autotune.engine import Engine
 from autotune.errors import UserInputError
 from autotune.gate.corpus import EVAL_POSITIONS, bench_prompts, decode_prompts
 from autotune.gate.decode import decode_check
+from autotune.gate.design import design
 from autotune.gate.reference import cached_reference
 from autotune.models.registry import resolve_model
 from autotune.models.weights import load_hf_model, model_checksum
@@ -71,10 +72,17 @@ def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base
     path = folder / CHECK
     try:
         check = json.loads(path.read_text())
-        log(f"serve: these packages were checked at their first start ({path})")
     except (OSError, ValueError):
-        check = measure_packaged(engine, recipe, tokenizer, base_rss)
+        check = None
+    if check is not None and check.get("gate_design") != design():
+        # Kept with packages that outlive a change of the decode check's sizes or rule: its verdict is not today's.
+        log(f"serve: {path} was checked under another design of the decode check: checked again")
+        check = None
+    if check is None:
+        check = {**measure_packaged(engine, recipe, tokenizer, base_rss), "gate_design": design()}
         write_atomic(path, json.dumps(check, indent=1).encode())
+    else:
+        log(f"serve: these packages were checked at their first start ({path})")
     gate = recipe.data.get("gate") or {}
     recorded = gate.get("decode_agreement")  # None for a recipe gated before the decode check
     log(f"serve: packaged program: decode {check['decode_agreement']:.4f} over {check['decode_positions']} "
