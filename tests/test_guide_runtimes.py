@@ -140,3 +140,12 @@ def test_a_runtime_s_failed_scheme_is_left_out_and_a_passing_variant_is_kept(gui
         _add(study, space, params, PASS, _bench(predicted["throughput_tok_s"], predicted["tpot_p99_ms"] / 1.1))
     assert seen == {8}  # the one fp16 OpenVINO configuration left untried
 
+
+def test_a_doubted_trial_is_not_fitted(guide, space):
+    study = _study()
+    _add(study, space, ENGINE_BASE, PASS, {**_bench(10.0, 700.0), "doubt": "the machine was busy"})
+    guide.refit(study.get_trials(deepcopy=False))
+    assert guide.fitted_on == 0 and guide.profile == guide.prior
+    _add(study, space, {**ENGINE_BASE, "batch_size": 16}, PASS, _bench(100.0, 70.0))
+    guide.refit(study.get_trials(deepcopy=False))
+    assert guide.fitted_on == 1

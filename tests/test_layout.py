@@ -13,7 +13,7 @@ ROOT = Path(autotune.__file__).resolve().parent
 # Lower layers first; a module may import its own package and the layers below, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "progress", "paths", "redact", "microarch", "code_hash", "noise"),
-    ("host",),
+    ("host", "contention"),
     ("config",),
     ("models", "space"),
     ("engine",),

@@ -8,12 +8,12 @@ from collections.abc import Callable
 import torch
 
 from autotune.benchmark.meter import HOST, PEAK_NOT_RESET, Meter
-from autotune.benchmark.policy import RunPolicy, timed_runs
+from autotune.benchmark.policy import RunPolicy, doubt_of, timed_runs
 from autotune.config.workload import Workload
 from autotune.engine import Completion, Engine, Request
 from autotune.progress import log
 
-__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize", "run_figures", "percentile"]
+__all__ = ["benchmark_engine", "benchmark_hf_generate", "summarize", "run_figures", "percentile", "stopped"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -29,7 +29,15 @@ def summarize(runs: list[dict]) -> dict:
     tput = [r["throughput_tok_s"] for r in runs]
     out["throughput_min"], out["throughput_max"] = min(tput), max(tput)
     out["repeats"] = len(runs)
+    if all("others_cores" in r for r in runs):
+        out["others_cores_max"] = max(r["others_cores"] for r in runs)
     return out
+
+
+def stopped(stop: str) -> dict:
+    """timed_runs' stop as a result's figures: why the runs ended, and `doubt` where none could be trusted."""
+    reason = doubt_of(stop)
+    return {"repeats_stop": stop, **({"doubt": reason} if reason else {})}
 
 
 def run_figures(completions: list[Completion], seconds: float) -> dict:
@@ -101,7 +109,7 @@ def benchmark_engine(engine: Engine, prompts: list[list[int]], workload: Workloa
             return {**result, **_memory(runner, peak_mb(), warmup_s), **_peak_marks(peak_reset)}
     runs, stop = timed_runs(lambda: timed(full), policy, log,
                             (lambda rs: cut({**summarize(rs), "peak_memory_mb": peak_mb()})) if cut else None)
-    result = {**summarize(runs), **marks, "repeats_stop": stop}
+    result = {**summarize(runs), **marks, **stopped(stop)}
     if stop.startswith("cut: "):
         result["repeats_cut"] = stop.removeprefix("cut: ")
         log(f"  {result['repeats_cut']}")
@@ -172,7 +180,7 @@ def benchmark_hf_generate(hf_model, prompts: list[list[int]], workload: Workload
         one_run()
     warmup_s = time.perf_counter() - started
     runs, stop = timed_runs(one_run, policy, log)
-    result = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s}
+    result = {**summarize(runs), **stopped(stop), "warmup_s": warmup_s}
     result["peak_memory_mb"] = device.peak_since(base_rss) / 2**20
     result.update(_peak_marks(peak_reset))
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from autotune.benchmark.bench import run_figures, summarize  # one definition of every figure, for every engine
+from autotune.benchmark.bench import run_figures, stopped, summarize  # one definition of every figure, for every engine
 from autotune.benchmark.peak_rss import peak_rss_bytes, reset_peak, trim_heap
 from autotune.benchmark.policy import RunPolicy, timed_runs
 from autotune.config.workload import Workload
@@ -38,7 +38,7 @@ def benchmark_peer(ctx: PeerRunner, prompts: list[list[int]], workload: Workload
         return run_figures(completions, time.perf_counter() - t0)
 
     runs, stop = timed_runs(one_run, policy, log)
-    out = {**summarize(runs), "repeats_stop": stop, "warmup_s": warmup_s,
+    out = {**summarize(runs), **stopped(stop), "warmup_s": warmup_s,
            "peak_memory_mb": (peak_rss_bytes() - base_rss) / 2**20, "peak_memory_reset": peak_reset,
            "concurrency_peak": wave}
     if not peak_reset:

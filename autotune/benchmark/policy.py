@@ -7,7 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["RunPolicy", "timed_runs", "policy_for"]
+from autotune.contention import doubt, load_between, sample
+
+__all__ = ["RunPolicy", "timed_runs", "policy_for", "doubt_of", "DOUBT_PREFIX"]
+
+DOUBT_PREFIX = "doubt: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +46,31 @@ def policy_for(fusion_level: str, max_repeats: int, time_cap_s: float = 60.0, sc
 def timed_runs(run: Callable[[], dict], policy: RunPolicy, log: Callable[[str], None],
                cut: Callable[[list[dict]], str | None] | None = None) -> tuple[list[dict], str]:
     """Run `run()` (one timed run's figures, with "throughput_tok_s") as the policy allows; returns the runs and
-    why they stopped. `cut(runs)` may end them early with a reason (a clearly dominated configuration)."""
+    why they stopped. `cut(runs)` may end them early with a reason (a clearly dominated configuration).
+
+    Each run carries what other processes took of the machine meanwhile (autotune/contention.py). A run they
+    disturbed is measured again and not counted, up to `max_repeats` such runs within the time cap; where no
+    undisturbed run was had, the disturbed ones are returned and the stop says "doubt: " and why."""
     runs: list[dict] = []
+    disturbed: list[tuple[dict, str]] = []
     spent = 0.0
     while True:
         t0 = time.perf_counter()
-        runs.append(run())
+        before = sample()
+        figures = run()
+        figures.update(load_between(before, sample()))
         spent += time.perf_counter() - t0
+        reason = doubt(figures)
+        if reason is not None:
+            disturbed.append((figures, reason))
+            log(f"  repeat: {figures['throughput_tok_s']:.1f} tok/s, not counted: {reason}")
+            tried = len(runs) + len(disturbed)
+            if len(disturbed) >= policy.max_repeats or spent + spent / tried > policy.time_cap_s:
+                if runs:
+                    return runs, f"disturbed: {len(disturbed)} runs not counted ({reason}); {len(runs)} counted"
+                return [f for f, _ in disturbed], f"{DOUBT_PREFIX}{reason}, in all {len(disturbed)} timed runs"
+            continue
+        runs.append(figures)
         n = len(runs)
         log(f"  repeat {n}/{policy.max_repeats}: {runs[-1]['throughput_tok_s']:.1f} tok/s")
         if n >= policy.max_repeats:
@@ -64,6 +86,12 @@ def timed_runs(run: Callable[[], dict], policy: RunPolicy, log: Callable[[str], 
                 if spread <= policy.spread_tol:
                     return runs, (f"spread known: the last two runs within {spread:.1%} (<= {policy.spread_tol:.0%}) "
                                   f"after {n} of {policy.max_repeats}")
-            if spent + spent / n > policy.time_cap_s:
+            tried = n + len(disturbed)
+            if spent + spent / tried > policy.time_cap_s:
                 return runs, (f"time cap: {n} of {policy.max_repeats} runs took {spent:.0f} s, one more would pass "
                               f"{policy.time_cap_s:.0f} s")
+
+
+def doubt_of(stop: str) -> str | None:
+    """The reason a benchmark's figures are doubted, from timed_runs' stop; None where they are not."""
+    return stop.removeprefix(DOUBT_PREFIX) if stop.startswith(DOUBT_PREFIX) else None

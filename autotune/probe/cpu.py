@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autotune.code_hash import code_hash
 from autotune.config.deploy import DTYPES, QUANT_SCHEMES, TORCH_DTYPE_NAMES
+from autotune.contention import measured_quietly
 from autotune.errors import AutotuneError
 from autotune.host import ISA_FLAGS, cpu_flags, cpu_model, hardware_class, isa_caps, isa_level, num_cores
 from autotune.microarch import cpu_signature, microarch
@@ -200,7 +201,7 @@ def cpu_capabilities(refresh: bool = False) -> Capabilities:
     flags, level = cpu_flags(), isa_level()
     log(f"probe: {cpu_model()}, ISA level {level}: timing a decode-shaped matmul per precision and kernel")
     started = time.perf_counter()
-    figures = measure()
+    figures, doubted = measured_quietly(measure, "probe")
     precisions = decide_precisions(flags, level, figures["plain_us"])
     offered = {p.name for p in precisions if p.offered}
     kernels = decide_kernels({k: v for k, v in figures["kernel_us"].items() if k.split("@")[1] in offered},
@@ -211,10 +212,11 @@ def cpu_capabilities(refresh: bool = False) -> Capabilities:
                         {**figures, "hardware": hardware_class(cpu_model(), level, num_cores(),
                                                                microarch(cpu_signature()))},
                         round(time.perf_counter() - started, 2))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(caps.to_dict(), indent=1))
-    tmp.replace(path)
+    if not doubted:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(caps.to_dict(), indent=1))
+        tmp.replace(path)
     for p in caps.precisions:
         log(f"probe: {p.name} {'offered' if p.offered else 'dropped'}: {p.why}")
     if figures.get("compile_s") is not None:

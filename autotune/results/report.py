@@ -24,7 +24,7 @@ __all__ = ["build_report", "report"]
 _STYLE = {  # outcome -> (legend name, colour, marker symbol)
     "front": ("Pareto front: feasible, gate passed, each one a recipe", "#1f77b4", "circle"),
     "dominated": ("dominated", "#b0b7c3", "circle-open"),
-    "infeasible": ("over a constraint (memory budget, TPOT SLO)", "#ff7f0e", "square-open"),
+    "infeasible": ("over a constraint (memory budget, TPOT SLO, busy machine)", "#ff7f0e", "square-open"),
 }
 _MIN_IMPORTANCE_TRIALS = 5
 _UNITS = {"throughput_tok_s": "tok/s", "tpot_p99_ms": "ms", "peak_memory_mb": "MB"}

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from autotune.config.deploy import DTYPES, TORCH_DTYPE_NAMES
+from autotune.contention import measured_quietly
 from autotune.host import cpu_fingerprint, num_cores
 from autotune.paths import cache_root
 from autotune.probe.cpu import cpu_capabilities, probe_cache_path
@@ -103,7 +104,7 @@ def measured_peaks(refresh: bool = False) -> dict:
             pass
     caps = cpu_capabilities()
     cores = num_cores()
-    runs = {t: _measure(t) for t in _thread_levels(cores)}
+    runs, doubted = measured_quietly(lambda: {t: _measure(t) for t in _thread_levels(cores)}, "peaks")
     # The peak is the best any thread count reached; on a machine shared with other work, more threads are not
     # always faster, and the levels keep what was seen.
     rates = [f"{name}_flops" for name in DTYPES] + ["int8_ops", "bandwidth_bps"]
@@ -121,6 +122,8 @@ def measured_peaks(refresh: bool = False) -> dict:
         "measured_tflops": {name: full[f"{name}_flops"] / 1e12 for name in DTYPES},
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if doubted:
+        return peaks
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "peaks": peaks}, indent=1))

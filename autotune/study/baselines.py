@@ -50,7 +50,9 @@ def measure_baselines(study: optuna.Study, backend: Backend, spec: ModelSpec, sp
     for baseline, dtype in resolve_baselines(space, spec, fastest):
         key = (dtype, baseline.batch_size)
         old = stored.get(baseline.name)
-        if old and old.get("workload") == workload and old.get("dtype") == dtype:
+        # A baseline measured on a busy machine (its `doubt`) is measured again on the next run of the search.
+        if old and old.get("workload") == workload and old.get("dtype") == dtype \
+                and not (old.get("bench") or {}).get("doubt"):
             measured.setdefault(key, baseline.name)
             continue
         if key in measured:
@@ -71,7 +73,8 @@ def measure_baselines(study: optuna.Study, backend: Backend, spec: ModelSpec, sp
         measured[key] = baseline.name
         bench = result.bench
         log(f"  {baseline.name}: {bench['throughput_tok_s']:.1f} tok/s ({bench['repeats']} runs, "
-            f"{bench.get('repeats_stop', '')})")
+            f"{bench.get('repeats_stop', '')})" + (f"; DOUBTED, measured again on the next run: {bench['doubt']}"
+                                                   if bench.get("doubt") else ""))
     stored = {b.name: stored[b.name] for b in space.speed_baselines}
     study.set_user_attr(BASELINES_ATTR, stored)
     study.set_user_attr("speed_baseline", next(iter(stored.values())))

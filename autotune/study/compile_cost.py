@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import optuna
 
 from autotune.config.deploy import DeployConfig
+from autotune.study.doubt import doubted
 
 __all__ = ["CompileEstimate", "compile_units", "compile_estimate", "PROBE_S_PER_UNIT", "FIXED_PRIOR_S",
            "TIMED_OUT_PREFIX"]
@@ -45,7 +46,7 @@ class CompileEstimate:
 def _per_unit(trial: optuna.trial.FrozenTrial, level: str, num_layers: int, load_s: float) -> tuple[float, bool] | None:
     """(seconds per unit, whether a lower bound) that a trial at `level` measured; None where it says nothing."""
     config = trial.user_attrs.get("config") or {}
-    if config.get("fusion_level") != level:
+    if config.get("fusion_level") != level or doubted(trial):
         return None
     units = compile_units(DeployConfig.from_dict(config), num_layers)
     timing = trial.user_attrs.get("timing") or {}

@@ -34,6 +34,7 @@ from autotune.sim.hardware import HardwareProfile, load_profile
 from autotune.sim.predict import predict
 from autotune.sim.stand_in import stand_in
 from autotune.space.search_space import RUNTIME_DIMENSION, SearchSpace
+from autotune.study.doubt import doubted
 
 __all__ = ["Guide", "PROFILE_OF_BACKEND", "GUIDE_ROLE"]
 
@@ -115,7 +116,7 @@ class Guide:
         for t in trials:
             bench, stored = t.user_attrs.get("bench"), t.user_attrs.get("config")
             if t.state != optuna.trial.TrialState.COMPLETE or not bench or not stored \
-                    or "duplicate_of" in t.user_attrs:
+                    or "duplicate_of" in t.user_attrs or doubted(t):
                 continue
             config = DeployConfig.from_dict(stored)
             modeled = stand_in(config)

@@ -22,6 +22,7 @@ from autotune.study.coordination import (
     wait_for_twin,
     worker_id,
 )
+from autotune.study.doubt import doubted
 from autotune.study.guide import Guide
 from autotune.study.settings import OBJECTIVES, SearchSettings, study_objectives
 from autotune.study.stopping import stop_reason
@@ -54,6 +55,10 @@ def _constraint_values(settings: SearchSettings, bench: dict) -> dict[str, float
         out["memory_budget"] = bench["peak_memory_mb"] - settings.memory_budget_mb
     if settings.tpot_slo_ms:
         out["tpot_slo"] = bench["tpot_p99_ms"] - settings.tpot_slo_ms
+    if bench.get("doubt"):
+        # Other processes disturbed every timed run (autotune/contention.py): the figures are not this
+        # configuration's, so it stays off the front, its reason in `bench.doubt`.
+        out["quiet_machine"] = 1.0
     return out
 
 
@@ -117,8 +122,9 @@ def _record(study: optuna.Study, trial: optuna.Trial, settings: SearchSettings, 
         study.tell(trial, _values(bench, objectives))
         goodput = (f"goodput {bench['goodput_req_s']:.3g} req/s ({bench['goodput_tok_s']:.1f} tok/s), "
                    if "goodput_req_s" in bench else "")
+        doubted = f" DOUBTED, kept off the front: {bench['doubt']}" if bench.get("doubt") else ""
         return (f"{goodput}{bench['throughput_tok_s']:.1f} tok/s, TPOT p99 {bench['tpot_p99_ms']:.1f} ms, "
-                f"{bench['peak_memory_mb']:.0f} MB")
+                f"{bench['peak_memory_mb']:.0f} MB{doubted}")
     if result.status is Status.GATED:
         gate = result.gate
         assert gate is not None, "a gated trial result carries its gate figures"
@@ -228,7 +234,7 @@ def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | No
     """Expected seconds of a configuration's trial: its prediction, corrected by this study's trials (trial_limit);
     without a profile, the median of this study's trials so far (0 before any)."""
     trials = study.get_trials(deepcopy=False)
-    measured = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")]
+    measured = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds") and not doubted(t)]
     median = statistics.median(measured) if measured else 0.0
     if guide is None:
         return lambda config: median

@@ -20,6 +20,7 @@ from autotune.sim.cost import step_cost
 from autotune.sim.hardware import HardwareProfile
 from autotune.sim.predict import predict, step_seconds
 from autotune.study.compile_cost import TIMED_OUT_PREFIX, compile_estimate
+from autotune.study.doubt import doubted
 
 __all__ = ["TrialLimit", "trial_limit", "predicted_seconds", "FLOOR_S", "FACTOR", "NO_PROFILE_S", "CEILING_S",
            "GRACE_S"]
@@ -86,7 +87,7 @@ def _correction(trials: list[optuna.trial.FrozenTrial]) -> tuple[float, int]:
         limit = t.user_attrs.get("trial_limit") or {}
         parts, wall = limit.get("parts") or {}, t.user_attrs.get("trial_seconds")
         simulated = sum(parts.get(k, 0.0) for k in _SIMULATED)
-        if not wall or not simulated or not t.state.is_finished():
+        if not wall or not simulated or not t.state.is_finished() or doubted(t):
             continue
         timing = t.user_attrs.get("timing") or {}
         compiled = timing.get("compile_s") or 0.0
@@ -131,7 +132,7 @@ def _unclamped(spec: ModelSpec | None, config: DeployConfig, workload: Workload,
     if runtime != DEFAULT_RUNTIME or profile is None or spec is None or config.dtype not in profile.tflops:
         # The simulator models the engine alone: another runtime's trials are judged by that runtime's own.
         walls = [t.user_attrs["trial_seconds"] for t in trials if t.user_attrs.get("trial_seconds")
-                 and (t.user_attrs.get("config") or {}).get("runtime", DEFAULT_RUNTIME) == runtime]
+                 and (t.user_attrs.get("config") or {}).get("runtime", DEFAULT_RUNTIME) == runtime and not doubted(t)]
         whose = "" if runtime == DEFAULT_RUNTIME else f" of {runtime}"
         if not walls:
             return TrialLimit(NO_PROFILE_S, None, f"no profile models this{whose or ' backend'}: {NO_PROFILE_S:g} s "

@@ -13,6 +13,7 @@ from autotune.config.engine_knobs import WEIGHT_ONLY_SCHEMES
 from autotune.config.runtimes import DEFAULT_RUNTIME
 from autotune.progress import log
 from autotune.study.coordination import NOT_RUN_ATTR, counted, fail_and_retry
+from autotune.study.doubt import doubted
 from autotune.study.guide import GUIDE_ROLE, Guide
 from autotune.study.optuna_private import frozen_trial
 from autotune.study.peer_turns import PEER_ROLE, next_peer_params, peer_runtimes
@@ -37,7 +38,7 @@ FIRST_ROLE = "first-build"
 def typical_trial_s(study: optuna.Study) -> float:
     """1.5x the median wall time of this study's trials (0 before any)."""
     walls = [t.user_attrs["trial_seconds"] for t in study.get_trials(deepcopy=False)
-             if t.user_attrs.get("trial_seconds")]
+             if t.user_attrs.get("trial_seconds") and not doubted(t)]
     return 1.5 * statistics.median(walls) if walls else 0.0
 
 
