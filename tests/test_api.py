@@ -17,6 +17,7 @@ from autotune.errors import BackendUnavailable, ModelNotFound, UserInputError
 from autotune.results.front import pareto_trials
 from autotune.results.tables import pareto_table, study_summary
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.coordination import counted
 from autotune.study.setup import BASELINE_ROLE, enqueue_baseline
 
@@ -63,7 +64,7 @@ def test_a_second_call_resumes_the_study_and_queues_the_baseline_once(tmp_path):
     # 2 more, the 3 finished ones kept; a sampler's repeat of a measured configuration is told its result, no trial
     assert again.trials.total == len(trials) and len(counted(trials)) == 5 == len(trials) - again.trials.repeats
     assert [(t.number, t.params, t.values) for t in trials[:3]] == before
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))  # as an offline search has it
     baseline = space.trial_params(space.baseline_params())
     assert [t.number for t in trials if t.user_attrs.get("role") == BASELINE_ROLE] == [0]
     assert trials[0].params == baseline

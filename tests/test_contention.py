@@ -20,6 +20,7 @@ from autotune.config.deploy import DeployConfig
 from autotune.contention import DOUBT_CORES, doubt, load_between, measured_quietly, sample
 from autotune.results.front import pareto_trials
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.loop import run_search
 from autotune.study.trial_limit import trial_limit
 
@@ -116,7 +117,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def test_a_doubted_trial_stays_off_the_front_and_out_of_what_the_search_learns(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study, backend = _study(tmp_path), _BusyFirst()
     run_search(_settings(tmp_path, 6), space, backend, study)
     first = study.trials[0]

@@ -16,6 +16,7 @@ from autotune.config.workload import Workload
 from autotune.models.registry import resolve_model
 from autotune.sim.hardware import load_profile
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.compile_cost import PROBE_S_PER_UNIT, compile_estimate, compile_units
 from autotune.study.coordination import tally
 from autotune.study.loop import run_search
@@ -51,7 +52,7 @@ def test_an_unmoving_front_stops_the_search_and_says_so(tmp_path, capsys):
 
 
 def test_an_exhausted_space_stops_the_search(tmp_path, monkeypatch):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     # Four configurations in all: the batch size alone varies.
     space = space.restrict("batch_size", (1, 2, 4, 8), "test").restrict("page_size", (128,), "test")
     for name in ("dtype", "quant", "fusion_level", "kv_policy", "device_power"):

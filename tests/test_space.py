@@ -13,7 +13,7 @@ def test_default_space_has_every_knob_and_a_valid_baseline():
     space = load_space(DEFAULT_SPACE)
     assert [d.name for d in space.dimensions] == ["dtype", "quant", "quant_method", "fallback_layers", "fusion_level",
                                                   "layers_per_subgraph", "batch_size", "page_size", "kv_policy",
-                                                  "device_power"]
+                                                  "prefill_chunk", "device_power"]
     assert {d.name for d in space.dimensions if d.numerics} == {"dtype", "quant", "quant_method", "fallback_layers",
                                                                 "fusion_level", "layers_per_subgraph"}
     base = space.baseline_params()
@@ -50,8 +50,8 @@ def test_restrict_records_what_was_dropped_and_why():
 
 def test_grid_size_counts_conditional_dimensions_once():
     # dtype 3 x quant variants: none 1 + w8a16 5 fallbacks + w8a8 3 methods x 5 + w4a16 2 methods x 5 = 31
-    # x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x power 4
-    assert load_space(DEFAULT_SPACE).grid_size() == 3 * (1 + 5 + 3 * 5 + 2 * 5) * (1 + 2 * 5) * 5 * 5 * 3 * 4
+    # x (O0 + O1/O2 x 5 splits) x batch 5 x page 5 x policy 3 x prefill chunk 5 x power 4
+    assert load_space(DEFAULT_SPACE).grid_size() == 3 * (1 + 5 + 3 * 5 + 2 * 5) * (1 + 2 * 5) * 5 * 5 * 3 * 5 * 4
 
 
 @pytest.mark.parametrize("text, line, words", [

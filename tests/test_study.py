@@ -13,6 +13,7 @@ from autotune.results.export import write_recipes
 from autotune.results.front import pareto_trials
 from autotune.results.tables import pareto_table
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.coordination import tally
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
@@ -64,7 +65,7 @@ def _study(tmp_path, name="s"):
                                 directions=[d for _, d in OBJECTIVES], sampler=make_sampler("random", 0))
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
-    enqueue_baseline(study, load_space(DEFAULT_SPACE))
+    enqueue_baseline(study, offline_space(load_space(DEFAULT_SPACE)))
     return study
 
 
@@ -79,7 +80,7 @@ def _settings(tmp_path, trials, **kw):
 
 @pytest.mark.slow
 def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_front(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study, backend = _study(tmp_path), ScriptedBackend()
     run_search(_settings(tmp_path, 40), space, backend, study)
     states = {t.state for t in study.trials}
@@ -105,7 +106,7 @@ def test_gated_and_failed_trials_are_recorded_but_never_benchmarked_or_on_the_fr
 
 
 def test_baseline_is_the_first_trial(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study = _study(tmp_path)
     run_search(_settings(tmp_path, 2), space, ScriptedBackend(), study)
     assert study.trials[0].params == space.baseline_params()
@@ -114,7 +115,7 @@ def test_baseline_is_the_first_trial(tmp_path):
 
 @pytest.mark.slow
 def test_resume_keeps_finished_trials_and_counts_new_ones(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     run_search(_settings(tmp_path, 3), space, ScriptedBackend(), _study(tmp_path))
     first = [(t.number, t.params, t.values) for t in _study(tmp_path).trials]
     run_search(_settings(tmp_path, 4), space, ScriptedBackend(), _study(tmp_path))
@@ -126,7 +127,7 @@ def test_resume_keeps_finished_trials_and_counts_new_ones(tmp_path):
 
 
 def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study, backend = _study(tmp_path), ScriptedBackend()
     base = space.baseline_params()
     run_search(_settings(tmp_path, 1), space, backend, study)
@@ -141,7 +142,7 @@ def test_duplicate_configuration_reuses_the_stored_result(tmp_path):
 def test_cached_gate_failure_skips_the_build(tmp_path):
     from autotune.gate.cache import gate_inputs, gate_key, store_gate
 
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study, backend = _study(tmp_path), ScriptedBackend()
     params = {**space.baseline_params(), "quant": "w8a16", "fallback_layers": 0}
     config = DeployConfig.from_params(params)
@@ -160,7 +161,7 @@ def test_cached_gate_failure_skips_the_build(tmp_path):
 
 @pytest.mark.slow
 def test_memory_budget_makes_trials_infeasible(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study = _study(tmp_path)
     run_search(_settings(tmp_path, 15, memory_budget_mb=340.0), space, ScriptedBackend(), study)
     front = pareto_trials(study)
@@ -169,7 +170,7 @@ def test_memory_budget_makes_trials_infeasible(tmp_path):
 
 
 def test_enqueued_trials_do_not_exceed_the_budget(tmp_path):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study = _study(tmp_path)
     base = space.baseline_params()
     for batch_size in (1, 2, 4):
@@ -184,7 +185,7 @@ def test_enqueued_trials_do_not_exceed_the_budget(tmp_path):
                                     {"workload": Workload(num_requests=4, prompt_min=12, prompt_max=20,
                                                           output_tokens=8)}])
 def test_a_duplicate_is_measured_again_under_other_gate_or_workload_settings(tmp_path, change):
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))
     study, backend = _study(tmp_path), ScriptedBackend()
     base = space.baseline_params()
     run_search(_settings(tmp_path, 1), space, backend, study)

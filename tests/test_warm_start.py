@@ -7,6 +7,7 @@ import yaml
 from autotune.config.deploy import DeployConfig
 from autotune.recipes.warm_start import enqueue_recipes
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 
 
 def _recipe(folder, name, config: DeployConfig) -> None:
@@ -15,7 +16,7 @@ def _recipe(folder, name, config: DeployConfig) -> None:
 
 
 def test_recipes_are_enqueued_once_and_only_if_the_space_holds_them(tmp_path):
-    space = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "2 cores")
+    space = offline_space(load_space(DEFAULT_SPACE)).restrict("device_power", (1, 2), "2 cores")
     folder = tmp_path / "m" / "hw"
     fused = DeployConfig(quant="none", fusion_level="O2", layers_per_subgraph=0, batch_size=8, page_size=64,
                          device_power=2)
@@ -35,7 +36,7 @@ def test_recipes_are_enqueued_once_and_only_if_the_space_holds_them(tmp_path):
 
 
 def test_other_classes_of_the_same_backend_follow_nearest_first_and_other_backends_never(tmp_path):
-    space = load_space(DEFAULT_SPACE).restrict("device_power", (1, 2), "2 cores")
+    space = offline_space(load_space(DEFAULT_SPACE)).restrict("device_power", (1, 2), "2 cores")
     root = tmp_path / "m"
     configs = {name: DeployConfig(batch_size=b, device_power=2) for name, b in
                (("cpu-amd-epyc-16c", 16), ("cpu-amd-epyc-2c", 8), ("cuda-h100", 4), ("cpu-intel-xeon-2c", 2))}

@@ -131,7 +131,7 @@ def run(options: SearchOptions) -> SearchResult:
                      options.runtimes)
     study = open_study(settings)
     space_file, runtimes = _resumed_space(study, options)
-    space = search_space(backend, space_file, runtimes)
+    space = search_space(backend, space_file, runtimes, serving=settings.slo is not None)
     if space.parts:
         study.sampler = make_sampler(settings.sampler, settings.seed, grouped=True)
     log(f"study {study_name} in {redact(settings.storage)}: {len(study.trials)} trials so far; "

@@ -53,7 +53,7 @@ class EngineKnobs:
     # Added after recipes were first named by digest: left out of digests and numerics keys while at their
     # defaults, so that a configuration that does not use them keeps its digest (its recipe's file name) and its
     # gate key.
-    LATER: ClassVar[tuple[str, ...]] = ("quant_method", "fallback_layers", "dtype")
+    LATER: ClassVar[tuple[str, ...]] = ("quant_method", "fallback_layers", "dtype", "prefill_chunk")
     # What the simulator's cost of a step reads of these (the rest change accuracy and little it could predict),
     # and of those the knobs that name a numerics scheme to the guide (study/guide.py).
     MODELED: ClassVar[tuple[str, ...]] = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "page_size",
@@ -72,6 +72,9 @@ class EngineKnobs:
     layers_per_subgraph: int | None = None
     page_size: int = 128
     kv_policy: str = "on_demand"
+    # Prompt tokens one serving step may prefill beside the running decodes (0: every admitted prompt at once).
+    # Serving and the goodput probes run it; the offline benchmark prefills whole prompts, which it does not change.
+    prefill_chunk: int = 256
 
     def __post_init__(self) -> None:
         if self.quant in LEGACY_SCHEMES:
@@ -90,6 +93,8 @@ class EngineKnobs:
             raise ValueError("fused levels need layers_per_subgraph >= 1, or 0 for all layers")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, not {self.page_size}")
+        if self.prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 (0: whole prompts), not {self.prefill_chunk}")
 
     def keyed(self, values: dict) -> dict:
         """`values` (a configuration's, for a digest or a numerics key) as keys have always read them: the later
@@ -119,8 +124,10 @@ class EngineKnobs:
 
     def label(self, batch_size: int, device_power: int) -> str:
         split = "" if self.layers_per_subgraph is None else f"/split={self.layers_per_subgraph or 'all'}"
+        chunk = "" if self.prefill_chunk == _DEFAULT_CHUNK else f"/chunk={self.prefill_chunk or 'whole'}"
         return (f"{self.scheme_label()}/{self.fusion_level}{split}/bs={batch_size}/page={self.page_size}"
-                f"/{self.kv_policy}/power={device_power}")
+                f"/{self.kv_policy}{chunk}/power={device_power}")
 
 
 _DEFAULTS = {name: getattr(EngineKnobs(), name) for name in EngineKnobs.__dataclass_fields__}
+_DEFAULT_CHUNK = _DEFAULTS["prefill_chunk"]

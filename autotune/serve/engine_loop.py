@@ -74,7 +74,8 @@ class EngineLoop:
     recipe's batch size; at most `max_queue` more wait. Beyond that, submit() raises Overloaded."""
 
     def __init__(self, engine: Engine, max_seq_len: int, max_queue: int,
-                 prefill_chunk: int | None = PREFILL_CHUNK) -> None:
+                 prefill_chunk: int | None = None) -> None:
+        """`prefill_chunk`: the configuration's own (engine/serving.py) unless given."""
         self.engine, self.max_seq_len, self.max_queue = engine, max_seq_len, max_queue
         self.prefill_chunk = prefill_chunk
         self._runner = self._new_runner()

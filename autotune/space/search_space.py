@@ -279,6 +279,7 @@ _VALID = {
     "page_size": _positive_int,
     "device_power": _positive_int,
     "fallback_layers": lambda v: type(v) is int and v >= 0,  # the default space's are FALLBACK_LAYERS
+    "prefill_chunk": lambda v: type(v) is int and v >= 0,  # 0: whole prompts
     "quant_method": lambda v: any(v in methods for methods in QUANT_METHODS.values()),
     "n_batch": _positive_int,
     "n_ubatch": _positive_int,

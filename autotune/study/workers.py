@@ -18,6 +18,7 @@ from autotune.errors import UserInputError
 from autotune.progress import log
 from autotune.redact import password_of, redact
 from autotune.space.search_space import SearchSpace, default_space, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.coordination import worker_id
 from autotune.study.loop import run_search
 from autotune.study.settings import SearchSettings, make_sampler
@@ -29,10 +30,18 @@ SETTINGS_ATTR = "worker_settings"  # everything a worker needs to run this study
 
 
 def search_space(backend: Backend, space_file: str | Path | list | tuple | None,
-                 runtimes: tuple[str, ...] | None) -> SearchSpace:
+                 runtimes: tuple[str, ...] | None, serving: bool = False) -> SearchSpace:
     """The space a search of `backend` runs: `space_file`'s where given (several files, one per runtime, as one
     space on a backend that runs several runtimes); on such a backend (the CPU's `space_over`), the default spaces
-    of `runtimes` (None: every one this machine can run) as one; else the backend's runtime's default space."""
+    of `runtimes` (None: every one this machine can run) as one; else the backend's runtime's default space.
+    `serving`: the study measures on the serving path (goodput under latency objectives); without it the knobs
+    only serving reads are dropped (space/serving_knobs.py)."""
+    space = _search_space(backend, space_file, runtimes)
+    return space if serving else offline_space(space)
+
+
+def _search_space(backend: Backend, space_file: str | Path | list | tuple | None,
+                  runtimes: tuple[str, ...] | None) -> SearchSpace:
     files = [space_file] if isinstance(space_file, (str, Path)) else list(space_file or ())
     span = getattr(backend, "space_over", None)
     if len(files) > 1:
@@ -84,7 +93,8 @@ def join_study(name: str, storage: str, password_file: str | None = None, worker
     settings, saved = _settings(study, url, worker_index)
     backend = make_backend(saved["backend"], saved["hardware"], saved["isolate"], settings.trial_memory_mb)
     runtimes = saved.get("runtimes")
-    space = search_space(backend, saved["space"], tuple(runtimes) if runtimes else None)
+    space = search_space(backend, saved["space"], tuple(runtimes) if runtimes else None,
+                         serving=settings.slo is not None)
     study.sampler = make_sampler(settings.sampler, settings.seed, grouped=bool(space.parts))
     target = study.user_attrs["target_trials"]
     name = worker_id() if worker_index is None else str(worker_index)
