@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["render", "header", "search_block", "search_table", "search_summary", "serve_table", "peer_table",
-           "startup_table", "trials_table", "guide_table", "profile_table"]
+           "startup_table", "trials_table", "guide_table", "profile_table", "goodput_table"]
 
 
 def _range(s: dict, fmt: str = ".1f") -> str:
@@ -167,6 +167,24 @@ def guide_table(record: dict) -> str:
     return _markdown(rows) + "\n\n" + "; ".join(lines)
 
 
+def goodput_table(record: dict) -> str:
+    """bench_goodput.py: each recipe's goodput as served (HTTP, its rounds), the trial's beside it, and the first
+    recipe's ratio to each other one."""
+    slo = record["slo"]
+    first = record["first"]
+    rows = [["recipe", "configuration", f"served goodput req/s (TTFT <= {slo['ttft_ms']:g} ms, TPOT <= "
+             f"{slo['tpot_ms']:g} ms, {slo['attainment']:.0%}), median (range)", "output tok/s", "trial's req/s",
+             "served / trial", f"{first} / this", f"{first} against this"], ["---"] * 8]
+    for name, e in record["recipes"].items():
+        trial = e.get("trial_goodput_req_s")
+        served = e["goodput_req_s"]["median"]
+        rows.append([name, e["configuration"], _range(e["goodput_req_s"], ".2f"), f"{e['goodput_tok_s']['median']:.1f}",
+                     "-" if trial is None else f"{trial:.2f}", "-" if not trial else f"{served / trial:.2f}",
+                     "-" if name == first or e.get("first_ratio") is None else f"{e['first_ratio']:.2f}x",
+                     "-" if name == first else _order(e["order"], "higher", "lower")])
+    return _markdown(rows)
+
+
 def _markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -200,4 +218,4 @@ def render(record: dict) -> str:
 
 _RENDERERS = {"search": search_block, "serve": serve_table, "peer": peer_table, "startup": startup_table,
               "trials": trials_table, "guide": guide_table,
-              "profile": profile_table}
+              "profile": profile_table, "goodput": goodput_table}
