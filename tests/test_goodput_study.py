@@ -136,3 +136,35 @@ def test_an_slo_no_configuration_meets_is_said_in_one_line(tmp_path, capsys):
     _say_if_unmet(study, SLO)
     lines = [line for line in capsys.readouterr().err.splitlines() if "no configuration met the SLO" in line]
     assert len(lines) == 1 and "best attainment seen was 70%" in lines[0] and "at 1 req/s" in lines[0]
+
+
+@pytest.mark.slow
+def test_an_slo_study_whose_sampler_picks_do_not_fit_gets_a_fitting_pick_from_the_guide(tmp_path, tiny_model_folder,
+                                                                                       monkeypatch):
+    """Under an SLO the sampler picks every trial; where its picks keep ending past the time left, the guide's cost
+    model queues one that fits rather than the search ending with its budget unspent."""
+    import time
+
+    import autotune.study.loop as loop
+
+    class CpuGoodput(GoodputBackend):
+        name = "cpu"  # the backend the guide has a profile for
+
+    def cost_model(study, settings, guide):
+        # Only plain eager builds fit; a random pick is one of them about one time in twelve.
+        return lambda c: 5.0 if c.fusion_level == "O0" and c.quant == "none" else 1e6
+
+    monkeypatch.setattr(loop, "_cost_model", cost_model)
+    space = load_space(DEFAULT_SPACE).restrict("dtype", ("fp32",), "every CPU computes fp32").restrict(
+        "device_power", (1, 2), "2 cores")
+    settings = dataclasses.replace(_settings(tmp_path, 6), model=str(tiny_model_folder), timeout_s=3600.0,
+                                   deadline=time.time() + 3600.0)
+    study = open_study(settings)
+    study.set_user_attr("model_checksum", "sha256:x")
+    study.set_user_attr("eval_digest", "d")
+    enqueue_baseline(study, space)
+    run_search(settings, space, CpuGoodput(), study)
+    assert study.user_attrs["stopped_by"]["rule"] == "trials"  # not "the sampler's last 3 picks ..."
+    ran = [t for t in study.trials if "config" in t.user_attrs and not t.user_attrs.get("not_run")]
+    guided = [t for t in ran if t.user_attrs.get("role") == "sim-guided"]
+    assert guided and all(DeployConfig.from_dict(t.user_attrs["config"]).fusion_level == "O0" for t in guided)

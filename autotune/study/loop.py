@@ -249,6 +249,15 @@ def _cost_model(study: optuna.Study, settings: SearchSettings, guide: Guide | No
     return cost
 
 
+def _fitting_pick(study: optuna.Study, guide: Guide, done: int, fits: Callable[[DeployConfig], bool] | None) -> bool:
+    """Queue the guide's next configuration that `fits` the time left (its own turn, not the sampler's); whether one
+    was queued."""
+    if fits is None:
+        return False
+    enqueue_guided(study, guide, done, 0, fits, sampler_turn=False)
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
 def _stopped(study: optuna.Study, settings: SearchSettings, rule: str, reason: str, ran: int) -> None:
     """Say which rule ended this run of the search and how much of its time budget it used; stored on the study
     (`stopped_by`) so that a report or a later run can tell."""
@@ -301,14 +310,14 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
             _stopped(study, settings, "rule", why, ran)
             break
         cost = _cost_model(study, settings, guide) if settings.deadline is not None else None
-        if guide is not None and guided:
-            fits = None
-            if cost is not None:
-                typical = typical_trial_s(study)
+        fits = None
+        if cost is not None:
+            typical = typical_trial_s(study)
 
-                def fits(c: DeployConfig, cost=cost, left=left, typical=typical) -> bool:
-                    expected = cost(c)
-                    return expected <= 0.9 * left and (expected <= GUIDED_SHARE_OF_LEFT * left or expected <= typical)
+            def fits(c: DeployConfig, cost=cost, left=left, typical=typical) -> bool:
+                expected = cost(c)
+                return expected <= 0.9 * left and (expected <= GUIDED_SHARE_OF_LEFT * left or expected <= typical)
+        if guide is not None and guided:
             first_build = cost is not None and enqueue_first_builds(study, guide, cost, left)
             if not first_build and not enqueue_guided(study, guide, done, settings.sampler_share, fits,
                                                          sampler_turn=not skipped):
@@ -340,6 +349,13 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                     skipped = True  # not counted in the budget; the next turn is the guide's
                     misses += 1
                     if misses >= MAX_MISSES:
+                        if guide is not None and not guided and _fitting_pick(study, guide, done, fits):
+                            # An unguided study (under an SLO) still has the guide's cost model: a configuration it
+                            # predicts to fit beats ending with the budget unspent.
+                            log(f"  the sampler's last {misses} picks would end past the time left: the guide "
+                                "queues one predicted to fit")
+                            misses = 0
+                            continue
                         _stopped(study, settings, "time", f"the sampler's last {misses} picks would all end past "
                                  "the time left; run the same command again to continue", ran)
                         break
