@@ -134,12 +134,15 @@ def trials_table(record: dict) -> str:
     """study_trials.py: a study's trials in order, each one's outcome and wall time against its prediction."""
     rows = [["trial", "chosen by", "configuration", "outcome", "took s (predicted)"], ["---"] * 5]
     for t in record["rounds"]:
-        if "throughput_tok_s" in t:
+        if "goodput_req_s" in t:
+            outcome = (f"goodput {t['goodput_req_s']:.2f} req/s (its search {t['goodput_search_s']:.0f} s), "
+                       f"{t['throughput_tok_s']:.1f} tok/s")
+        elif "throughput_tok_s" in t:
             outcome = f"{t['throughput_tok_s']:.1f} tok/s"
         elif "duplicate_of" in t:
             outcome = f"repeat of trial {t['duplicate_of']}"
-        else:
-            outcome = t.get("reason") or t["state"].lower()
+        else:  # a failure's reason may carry its tool's output: its first line is the table's
+            outcome = (t.get("reason") or t["state"].lower()).splitlines()[0]
         took = "-" if t.get("took_s") is None else f"{t['took_s']:.0f}" + (
             "" if t.get("predicted_s") is None else f" ({t['predicted_s']:.0f})")
         rows.append([str(t["number"]), t["role"], t.get("label") or "-", outcome, took])

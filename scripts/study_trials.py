@@ -26,6 +26,10 @@ def _trial(t: optuna.trial.FrozenTrial) -> dict:
            "took_s": cost.get("actual_s", a.get("trial_seconds")), "predicted_s": cost.get("expected_s")}
     if "bench" in a:
         row["throughput_tok_s"] = a["bench"]["throughput_tok_s"]
+    goodput = a.get("goodput")
+    if goodput and "goodput_req_s" in goodput:  # a study under latency objectives: the goodput and its search's time
+        row["goodput_req_s"] = goodput["goodput_req_s"]
+        row["goodput_search_s"] = goodput.get("seconds")
     if a.get("reason"):
         row["reason"] = a["reason"]
     if "duplicate_of" in a:
