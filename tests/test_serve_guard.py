@@ -235,8 +235,11 @@ def _raw(port: int, head: str, first_bytes: bytes = b"", timeout: float = 30) ->
 def _answer_and_close(sock: socket.socket) -> tuple[str, float]:
     """Everything the server sends until it closes the connection, and how long that took."""
     started, data = time.monotonic(), b""
-    while chunk := sock.recv(4096):
-        data += chunk
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except ConnectionResetError:  # closed with bytes of ours unread: a reset rather than an orderly close
+        pass
     return data.decode(errors="replace"), time.monotonic() - started
 
 
@@ -283,9 +286,11 @@ def _more_files(wanted: int) -> None:
 
 
 @pytest.mark.slow
-def test_1024_clients_trickling_bodies_on_health_leave_requests_answered_within_1s(served):
-    """As many clients as the connection limit (1,024) each send /health a Content-Length of a megabyte and then
-    a byte at a time: each is answered and closed, so a valid request is answered within a second, not 503."""
+def test_1024_clients_holding_bodies_on_health_leave_requests_answered_within_1s(served):
+    """As many clients as the connection limit (1,024) each send /health a Content-Length of a megabyte and the
+    body's first byte: each is answered and closed rather than held for the rest, so a valid request is answered
+    within a second, not 503. (A byte sent after the close would make the kernel answer with a reset, which may
+    discard the answer before it is read: the clients send no more.)"""
     clients = Access().max_connections
     _more_files(3 * clients + 256)  # the clients' sockets and the server's, in this one process
 
@@ -301,11 +306,6 @@ def test_1024_clients_trickling_bodies_on_health_leave_requests_answered_within_
     head = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n"
     socks = [_raw(served.port, head, b"{") for _ in range(clients)]
     try:
-        for sock in socks:  # trickle on: the server may have closed them already
-            try:
-                sock.sendall(b" ")
-            except OSError:
-                pass
         health_s = [_timed(health) for _ in range(10)]
         loaded = [_timed(generate) for _ in range(3)]
         closed = 0
@@ -318,8 +318,8 @@ def test_1024_clients_trickling_bodies_on_health_leave_requests_answered_within_
     assert closed == clients
     assert max(health_s) < 1.0, health_s
     assert max(loaded) < max(1.0, 2 * usual + 0.25), (usual, loaded)
-    print(f"{clients} trickling /health clients: each answered and closed; /health max {max(health_s) * 1e3:.0f} ms, "
-          f"/generate max {max(loaded) * 1e3:.0f} ms (usual {usual * 1e3:.0f} ms)")
+    print(f"{clients} /health clients with bodies unsent: each answered and closed; /health max "
+          f"{max(health_s) * 1e3:.0f} ms, /generate max {max(loaded) * 1e3:.0f} ms (usual {usual * 1e3:.0f} ms)")
 
 
 @pytest.mark.slow

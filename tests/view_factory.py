@@ -9,6 +9,7 @@ from test_study import ScriptedBackend
 
 from autotune.results.export import write_recipes
 from autotune.space.search_space import DEFAULT_SPACE, load_space
+from autotune.space.serving_knobs import offline_space
 from autotune.study.loop import run_search
 from autotune.study.settings import OBJECTIVES, SearchSettings, make_sampler
 from autotune.study.setup import enqueue_baseline
@@ -43,7 +44,7 @@ def scripted_study(folder: Path, name: str = "view", trials: int = 24) -> tuple[
                                           "ttft_p50_ms": 80.0, "ttft_p99_ms": 90.0}}}
     for key, value in attrs.items():
         study.set_user_attr(key, value)
-    space = load_space(DEFAULT_SPACE)
+    space = offline_space(load_space(DEFAULT_SPACE))  # as an offline search has it
     settings = SearchSettings(model="m", study=name, storage=url, trials=trials)
     enqueue_baseline(study, space)  # as the set-up does
     run_search(settings, space, FullGateBackend(), study)
