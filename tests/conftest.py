@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny random LLaMA built in-process (seconds), and the real SmolLM2 for e2e tests."""
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -19,6 +20,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # versions). A fixture of wider scope that sets AUTOTUNE_CACHE
 # itself keeps its own for its tests.
 _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="autotune-tests-"))
+# Removed when the session ends: each holds a converted model, references and probes (about 2 GB), and the folders
+# of 160 earlier runs, left behind, had filled this machine's disk.
+atexit.register(shutil.rmtree, _SESSION_CACHE, True)
 _SHARED = ("models", "reference", "probe")
 for _name in _SHARED:
     (_SESSION_CACHE / _name).mkdir()
