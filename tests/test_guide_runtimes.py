@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import optuna
 import pytest
 
 from autotune.config.deploy import DeployConfig
@@ -14,33 +13,9 @@ from autotune.models.registry import resolve_model
 from autotune.sim.hardware import load_profile
 from autotune.sim.predict import predict
 from autotune.sim.stand_in import stand_in
-from autotune.space.search_space import combine, load_space
 from autotune.study.guide import Guide
+from tests.runtime_spaces import add_trial, three_objective_study, two_runtime_space
 
-_ENGINE = """
-version: 1
-dimensions:
-  dtype: {values: [fp32]}
-  quant: {values: [none]}
-  fusion_level: {values: [O0]}
-  batch_size: {values: [8, 16]}
-  page_size: {values: [16]}
-  kv_policy: {values: [on_demand]}
-  device_power: {values: [2]}
-"""
-_OPENVINO = """
-version: 1
-runtime: openvino
-dimensions:
-  batch_size: {values: [16, 8]}
-  device_power: {values: [2]}
-  weight_format: {values: [fp16, int8]}
-  inference_precision: {values: [f32]}
-  kv_precision:
-    by: inference_precision
-    values: {f32: [u8, f32]}
-  max_num_batched_tokens: {values: [256, 2048]}
-"""
 ENGINE_BASE = {"runtime": "engine", "dtype": "fp32", "quant": "none", "fusion_level": "O0", "batch_size": 8,
                "page_size": 16, "kv_policy": "on_demand", "device_power": 2}
 OV_BASE = {"runtime": "openvino", "batch_size": 16, "device_power": 2, "weight_format": "fp16",
@@ -51,9 +26,7 @@ FAIL = {"tie_aware_agreement": 0.95, "passed": False}
 
 @pytest.fixture
 def space(tmp_path):
-    (tmp_path / "e.yaml").write_text(_ENGINE)
-    (tmp_path / "o.yaml").write_text(_OPENVINO)
-    return combine([load_space(tmp_path / "e.yaml"), load_space(tmp_path / "o.yaml")])
+    return two_runtime_space(tmp_path, "f32")
 
 
 @pytest.fixture
@@ -68,26 +41,6 @@ def _bench(tok_s: float, tpot_ms: float) -> dict:
             "ttft_p50_ms": 900.0, "peak_memory_mb": 700.0}
 
 
-def _add(study, space, params: dict, gate: dict, bench: dict | None) -> None:
-    named = space.trial_params(params)
-    dims = {d.trial_name(params): d for d in space.dimensions if d.name in params}
-    distributions = {name: optuna.distributions.CategoricalDistribution(list(dims[name].values_for(params)))
-                     for name in named}
-    attrs = {"config": space.to_config(params).to_dict(), "gate": gate}
-    if bench is None:
-        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=named,
-                                                  distributions=distributions, user_attrs=attrs))
-        return
-    attrs["bench"] = bench
-    study.add_trial(optuna.trial.create_trial(
-        values=[bench["throughput_tok_s"], bench["tpot_p99_ms"], bench["peak_memory_mb"]], params=named,
-        distributions=distributions, user_attrs=attrs))
-
-
-def _study() -> optuna.Study:
-    return optuna.create_study(directions=["maximize", "minimize", "minimize"])
-
-
 def test_the_stand_in_is_the_engine_deployment_doing_the_runtime_s_arithmetic():
     engine = DeployConfig(dtype="fp32", batch_size=4)
     assert stand_in(engine) is engine
@@ -100,14 +53,14 @@ def test_the_stand_in_is_the_engine_deployment_doing_the_runtime_s_arithmetic():
 
 
 def test_a_runtime_is_predicted_with_its_own_trials_once_one_is_measured(guide, space):
-    study = _study()
-    _add(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
+    study = three_objective_study()
+    add_trial(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
     params, _ = guide.next_params(study, turn=0)
     assert params["runtime"] == "engine"  # no OpenVINO trial measured yet: nothing stands for its kernels
     assert set(guide.profiles) == {"engine"} and guide.fitted_on == 1
 
     engine_fit = guide.profile
-    _add(study, space, OV_BASE, PASS, _bench(900.0, 15.0))
+    add_trial(study, space, OV_BASE, PASS, _bench(900.0, 15.0))
     params, predicted = guide.next_params(study, turn=0)  # a throughput turn
     assert guide.fitted_on == 2 and set(guide.profiles) == {"engine", "openvino"}
     assert guide.profile == engine_fit  # OpenVINO's trial did not move the engine's factors
@@ -122,12 +75,12 @@ def test_a_runtime_is_predicted_with_its_own_trials_once_one_is_measured(guide, 
 
 
 def test_a_runtime_s_failed_scheme_is_left_out_and_a_passing_variant_is_kept(guide, space):
-    study = _study()
-    _add(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
+    study = three_objective_study()
+    add_trial(study, space, ENGINE_BASE, PASS, _bench(100.0, 70.0))
     # int8 weights failed in their default variant (u8 KV) and no variant passed: not proposed again.
-    _add(study, space, {**OV_BASE, "weight_format": "int8"}, FAIL, None)
+    add_trial(study, space, {**OV_BASE, "weight_format": "int8"}, FAIL, None)
     # fp16 passed only with an f32 KV cache: guided fp16 picks carry it.
-    _add(study, space, {**OV_BASE, "kv_precision": "f32"}, PASS, _bench(900.0, 15.0))
+    add_trial(study, space, {**OV_BASE, "kv_precision": "f32"}, PASS, _bench(900.0, 15.0))
     seen = set()
     for turn in range(6):
         picked = guide.next_params(study, turn=turn)
@@ -137,15 +90,15 @@ def test_a_runtime_s_failed_scheme_is_left_out_and_a_passing_variant_is_kept(gui
         if params["runtime"] == "openvino":
             assert params["weight_format"] == "fp16" and params["kv_precision"] == "f32"
             seen.add(params["batch_size"])
-        _add(study, space, params, PASS, _bench(predicted["throughput_tok_s"], predicted["tpot_p99_ms"] / 1.1))
+        add_trial(study, space, params, PASS, _bench(predicted["throughput_tok_s"], predicted["tpot_p99_ms"] / 1.1))
     assert seen == {8}  # the one fp16 OpenVINO configuration left untried
 
 
 def test_a_doubted_trial_is_not_fitted(guide, space):
-    study = _study()
-    _add(study, space, ENGINE_BASE, PASS, {**_bench(10.0, 700.0), "doubt": "the machine was busy"})
+    study = three_objective_study()
+    add_trial(study, space, ENGINE_BASE, PASS, {**_bench(10.0, 700.0), "doubt": "the machine was busy"})
     guide.refit(study.get_trials(deepcopy=False))
     assert guide.fitted_on == 0 and guide.profile == guide.prior
-    _add(study, space, {**ENGINE_BASE, "batch_size": 16}, PASS, _bench(100.0, 70.0))
+    add_trial(study, space, {**ENGINE_BASE, "batch_size": 16}, PASS, _bench(100.0, 70.0))
     guide.refit(study.get_trials(deepcopy=False))
     assert guide.fitted_on == 1

@@ -2,64 +2,20 @@
 runtime's best measured configuration, speed knobs before numerics, never tried twice, never numerics that failed."""
 from __future__ import annotations
 
-import optuna
 import pytest
 
 from autotune.config.deploy import DeployConfig
-from autotune.space.search_space import combine, load_space
 from autotune.study.peer_turns import next_peer_params, peer_runtimes
-
-_ENGINE = """
-version: 1
-dimensions:
-  dtype: {values: [fp32]}
-  quant: {values: [none]}
-  fusion_level: {values: [O0]}
-  batch_size: {values: [8, 16]}
-  page_size: {values: [16]}
-  kv_policy: {values: [on_demand]}
-  device_power: {values: [2]}
-"""
-_OPENVINO = """
-version: 1
-runtime: openvino
-dimensions:
-  batch_size: {values: [16, 8]}
-  device_power: {values: [2]}
-  weight_format: {values: [fp16, int8]}
-  inference_precision: {values: [bf16]}
-  kv_precision:
-    by: inference_precision
-    values: {bf16: [u8, bf16]}
-  max_num_batched_tokens: {values: [256, 2048]}
-"""
+from tests.runtime_spaces import add_trial, three_objective_study, two_runtime_space
 
 
 @pytest.fixture
 def space(tmp_path):
-    (tmp_path / "e.yaml").write_text(_ENGINE)
-    (tmp_path / "o.yaml").write_text(_OPENVINO)
-    return combine([load_space(tmp_path / "e.yaml"), load_space(tmp_path / "o.yaml")])
+    return two_runtime_space(tmp_path, "bf16")
 
 
 def _add(study, space, params: dict, tok_s: float | None, passed: bool = True) -> None:
-    named = space.trial_params(params)
-    dims = {d.trial_name(params): d for d in space.dimensions if d.name in params}
-    distributions = {name: optuna.distributions.CategoricalDistribution(list(dims[name].values_for(params)))
-                     for name in named}
-    config = space.to_config(params)
-    attrs = {"config": config.to_dict(), "gate": {"passed": passed}}
-    if tok_s is None or not passed:
-        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, params=named,
-                                                  distributions=distributions, user_attrs=attrs))
-        return
-    attrs["bench"] = {"throughput_tok_s": tok_s}
-    study.add_trial(optuna.trial.create_trial(values=[tok_s, 1.0, 1.0], params=named, distributions=distributions,
-                                              user_attrs=attrs))
-
-
-def _study():
-    return optuna.create_study(directions=["maximize", "minimize", "minimize"])
+    add_trial(study, space, params, {"passed": passed}, {"throughput_tok_s": tok_s} if tok_s and passed else None)
 
 
 BEST = {"runtime": "openvino", "batch_size": 16, "device_power": 2, "weight_format": "fp16",
@@ -67,7 +23,7 @@ BEST = {"runtime": "openvino", "batch_size": 16, "device_power": 2, "weight_form
 
 
 def test_a_speed_knob_of_the_best_first_then_another_once_it_is_tried(space):
-    study = _study()
+    study = three_objective_study()
     assert peer_runtimes(study, space) == [] and next_peer_params(study, space, "openvino") is None
     _add(study, space, {"runtime": "engine", "dtype": "fp32", "quant": "none", "fusion_level": "O0", "batch_size": 8,
                         "page_size": 16, "kv_policy": "on_demand", "device_power": 2}, 100.0)
@@ -84,7 +40,7 @@ def test_a_speed_knob_of_the_best_first_then_another_once_it_is_tried(space):
 
 
 def test_numerics_that_failed_the_gate_are_never_proposed(space):
-    study = _study()
+    study = three_objective_study()
     _add(study, space, BEST, 300.0)
     _add(study, space, {**BEST, "weight_format": "int8"}, None, passed=False)
     best_key = space.to_config(BEST).numerics_key()
