@@ -27,13 +27,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from autotune.backends import get_backend  # noqa: E402
-from autotune.benchmark.goodput import MIN_PROBE_REQUESTS, PROBE_REQUESTS, find_goodput, goodput_workload  # noqa: E402
+from autotune.benchmark.goodput import search_probes  # noqa: E402
 from autotune.config.arrival import load_requests  # noqa: E402
 from autotune.config.slo import parse_slo  # noqa: E402
 from autotune.config.workload import Workload  # noqa: E402
@@ -83,32 +82,22 @@ class _Server:
 
 
 def _search(port: int, recipe, tokenizer, slo, budget_s: float, probes_before: int) -> dict:
-    """The trial's goodput search (benchmark/goodput.measure_goodput) with its probes sent to the server."""
+    """The trial's goodput search (benchmark/goodput.search_probes) with its probes sent to the server, from the
+    trial's goodput (its offline throughput where it had none)."""
     workload = Workload(**recipe.data["workload"])
-    probe_workload = goodput_workload(workload, 1.0)
-    mean_out = probe_workload.mean_output_tokens
-    probes = probes_before
 
-    def measure(rate: float):
-        nonlocal probes
-        probes += 1
-        n = min(PROBE_REQUESTS, max(MIN_PROBE_REQUESTS, round(rate * budget_s / 2)))
-        w = replace(probe_workload, rate=rate, seed=workload.seed + probes, num_requests=n)
-        prompts = bench_prompts(tokenizer, w.num_requests, w.prompt_min, w.prompt_max, w.seed)
-        requests = load_requests(w, prompts)
+    def run(w: Workload):
+        requests = load_requests(w, bench_prompts(tokenizer, w.num_requests, w.prompt_min, w.prompt_max, w.seed))
         # The served model's name is its folder's (serve/app.py); every request exactly its drawn length.
         bodies = [{"model": Path(recipe.model).name, "prompt": tokenizer.decode(r.prompt_ids),
                    "max_tokens": r.new_tokens, "min_tokens": r.new_tokens, "ignore_eos": True, "temperature": 0.0,
                    "stream": True, "stream_options": {"include_usage": True}} for r in requests]
         outcomes, seconds = send_at_arrivals(stream_request, "127.0.0.1", port, bodies, [r.due for r in requests])
-        return judge(outcomes, slo, rate, seconds)
+        return judge(outcomes, slo, w.rate, seconds)
 
     trial = recipe.data.get("goodput") or {}
-    start = trial.get("goodput_req_s") or recipe.data["metrics"]["throughput_tok_s"] / mean_out
-    out = find_goodput(measure, start, slo, budget_s=budget_s)
-    out["goodput_tok_s"] = out["goodput_req_s"] * mean_out
-    out["probes"] = probes - probes_before
-    return out
+    start = trial.get("goodput_tok_s") or recipe.data["metrics"]["throughput_tok_s"]
+    return search_probes(run, workload, slo, start, budget_s=budget_s, probes_before=probes_before)
 
 
 def main() -> int:

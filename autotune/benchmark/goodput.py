@@ -19,7 +19,7 @@ from autotune.config.workload import Workload
 from autotune.engine.peer import StepRunner
 from autotune.progress import log
 
-__all__ = ["find_goodput", "measure_goodput", "goodput_workload", "PRECISION", "PROBE_REQUESTS"]
+__all__ = ["find_goodput", "measure_goodput", "search_probes", "goodput_workload", "PRECISION", "PROBE_REQUESTS"]
 
 PRECISION = 0.1  # the search ends when the highest rate met and the lowest missed are within 10%
 MAX_DOUBLINGS = 3  # above the start rate: the offline throughput is already the engine's saturated rate
@@ -37,9 +37,11 @@ def goodput_workload(workload: Workload, rate: float, requests: int = PROBE_REQU
 
 
 def find_goodput(measure: Callable[[float], OpenLoopRun], start_rate: float, slo: Slo, *, budget_s: float,
-                 clock: Callable[[], float] = time.perf_counter) -> dict:
+                 clock: Callable[[], float] = time.perf_counter,
+                 report: Callable[[str], None] | None = log) -> dict:
     """The rate search over `measure(rate)`. A probe is skipped once the budget is spent (the first two always
-    run: a figure needs a met and a missed rate, or the start and its half)."""
+    run: a figure needs a met and a missed rate, or the start and its half). `report` gets a line per probe (None:
+    the simulator's probes, dozens per guided pick, say nothing)."""
     if not start_rate > 0:
         raise ValueError(f"the rate search needs a start rate above 0, not {start_rate}")
     started = clock()
@@ -49,7 +51,9 @@ def find_goodput(measure: Callable[[float], OpenLoopRun], start_rate: float, slo
         run = measure(rate)
         runs.append(run)
         word = "met" if run.attained else ("missed, stopped early" if run.stopped_early else "missed")
-        log(f"  goodput: {rate:.3g} req/s: {run.met}/{run.counted} within the SLO ({run.attainment:.0%}), {word}")
+        if report is not None:
+            report(f"  goodput: {rate:.3g} req/s: {run.met}/{run.counted} within the SLO ({run.attainment:.0%}), "
+                   f"{word}")
         return run.attained
 
     def time_left() -> bool:
@@ -96,26 +100,36 @@ def find_goodput(measure: Callable[[float], OpenLoopRun], start_rate: float, slo
     return out
 
 
+def search_probes(run: Callable[[Workload], OpenLoopRun], workload: Workload, slo: Slo, start_tok_s: float, *,
+                  budget_s: float, probes_before: int = 0) -> dict:
+    """The rate search from `start_tok_s` (over the probes' mean output length), each probe's workload drawn from
+    `workload` and handed to `run`, which sends it (to a warm runner, to a server over HTTP) and judges it. A probe
+    sends as many requests as arrive in half the budget at its rate (the first two probes always run), within the
+    bounds, each with its own prompts and arrival draws (seed + the probe's number, counted from `probes_before`): a
+    runtime with a prefix cache would otherwise serve every probe after the first from the first one's cache. The
+    figure in output tokens per second is the goodput rate times that mean."""
+    probe_workload = goodput_workload(workload, 1.0)
+    mean_out = probe_workload.mean_output_tokens
+    probes = probes_before
+
+    def measure(rate: float) -> OpenLoopRun:
+        nonlocal probes
+        probes += 1
+        n = min(PROBE_REQUESTS, max(MIN_PROBE_REQUESTS, round(rate * budget_s / 2)))
+        return run(replace(probe_workload, rate=rate, seed=workload.seed + probes, num_requests=n))
+
+    out = find_goodput(measure, start_tok_s / mean_out, slo, budget_s=budget_s)
+    out["goodput_tok_s"] = out["goodput_req_s"] * mean_out
+    out["workload"] = {**probe_workload.to_dict(), "rate": "searched"}
+    out["probes"] = probes - probes_before
+    return out
+
+
 def measure_goodput(runner: StepRunner, prompts_for: Callable[[Workload], list[list[int]]], workload: Workload,
                     slo: Slo, offline_tok_s: float, *, budget_s: float, eos_token_id: int | None = None) -> dict:
     """Goodput of a warm runner: `prompts_for(workload)` gives a probe's prompts (gate/corpus.bench_prompts), the
-    start rate is the offline throughput over the probe's mean output length. The figure in output tokens per
-    second is the goodput rate times that mean."""
-    probe_workload = goodput_workload(workload, 1.0)
-    mean_out = probe_workload.mean_output_tokens
-    probes = 0
+    start rate is the offline throughput."""
+    def run(w: Workload) -> OpenLoopRun:
+        return run_open_loop(runner, load_requests(w, prompts_for(w)), slo, w.rate, eos_token_id=eos_token_id)
 
-    def measure(rate: float) -> OpenLoopRun:
-        # Each probe its own prompts (and arrival draws): a runtime with a prefix cache would otherwise serve every
-        # probe after the first from the first one's cache.
-        nonlocal probes
-        probes += 1
-        # As many requests as arrive in half the budget (the first two probes always run), within the bounds.
-        n = min(PROBE_REQUESTS, max(MIN_PROBE_REQUESTS, round(rate * budget_s / 2)))
-        w = replace(probe_workload, rate=rate, seed=workload.seed + probes, num_requests=n)
-        return run_open_loop(runner, load_requests(w, prompts_for(w)), slo, rate, eos_token_id=eos_token_id)
-
-    out = find_goodput(measure, offline_tok_s / mean_out, slo, budget_s=budget_s)
-    out["goodput_tok_s"] = out["goodput_req_s"] * mean_out
-    out["workload"] = {**probe_workload.to_dict(), "rate": "searched"}
-    return out
+    return search_probes(run, workload, slo, offline_tok_s, budget_s=budget_s)
