@@ -1,13 +1,17 @@
 """Predicted against measured, with the error of each figure.
 
     python scripts/validate_sim.py [--cpu-storage sqlite:///studies/X.db] [--loo]
+                                   [--goodput-storage sqlite:///studies/Y.db --goodput-study NAME]
 
-1. Published figures (hardware/anchors/published.yaml, with their sources) against the calibrated profiles. These figures
-   are also what calibrated the profiles (in-sample); --loo refits each profile without one figure at a time
+1. Published figures (hardware/anchors/published.yaml, with their sources) against the calibrated profiles. These
+   figures are also what calibrated the profiles (in-sample); --loo refits each profile without one figure at a time
    and predicts that figure (held out), where a profile has more than one figure.
 2. SmolLM2 on this machine's CPU backend: every completed trial of the storage against cpu-local (goal: median
    absolute error <= 25% on throughput and on peak memory, over at least 8 configurations). If cpu-local was
    calibrated on the same storage the comparison is in-sample; --loo holds out each trial in turn.
+3. Goodput: every trial of a study under --slo, its measured goodput against the simulated server's (sim/served.py)
+   with each runtime's profile refitted to that runtime's trials of the study, as the guide predicts it (in-sample
+   for the offline figures the fit reads; goodput itself is never fitted).
 """
 from __future__ import annotations
 
@@ -101,14 +105,54 @@ def cpu(storage: str, loo: bool) -> None:
               "to produce them)")
 
 
+def goodput(storage: str, study_name: str) -> None:
+    import optuna
+
+    from autotune.config.deploy import DeployConfig
+    from autotune.config.slo import Slo
+    from autotune.config.workload import Workload
+    from autotune.models.registry import resolve_model
+    from autotune.sim.served import predict_goodput
+    from autotune.sim.stand_in import stand_in
+    from autotune.space.search_space import DEFAULT_SPACE, load_space
+    from autotune.study.guide import Guide
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    if not study.user_attrs.get("slo"):
+        print(f"\nstudy {study_name} ran without --slo: it has no goodput to compare")
+        return
+    slo = Slo(**study.user_attrs["slo"])
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("goodput")]
+    workload = Workload(**done[0].user_attrs["measured_under"]["workload"]) if done else Workload()
+    spec = resolve_model(study.user_attrs["model"])
+    guide = Guide(spec, load_space(DEFAULT_SPACE), workload, load_profile("cpu-local"), slo)
+    guide.refit(study.trials)
+    print(f"\n== goodput under {slo.label()}: {len(done)} trials of {study_name} vs the simulated server ==")
+    print(f"{'trial':>5} {'configuration':<58} {'measured':>9} {'predicted':>9}")
+    for t in done:
+        config = DeployConfig.from_dict(t.user_attrs["config"])
+        modeled, profile = stand_in(config), guide.profiles.get(config.runtime)
+        measured = t.user_attrs["goodput"]["goodput_req_s"]
+        if modeled is None or profile is None:
+            print(f"{t.number:>5} {config.label():<58} {measured:>9.2f} {'-':>9}")
+            continue
+        pred = predict_goodput(spec, modeled, workload, profile, slo)["goodput_req_s"]
+        error = f" ({_err(pred, measured) * 100:+4.0f}%)" if measured else ""
+        print(f"{t.number:>5} {config.label():<58} {measured:>9.2f} {pred:>9.2f}{error}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-storage", default=None, help="SQLAlchemy URL of a study storage with CPU trials")
     parser.add_argument("--loo", action="store_true", help="also leave-one-out: refit without each figure")
+    parser.add_argument("--goodput-storage", default=None, help="SQLAlchemy URL of a storage with a study under --slo")
+    parser.add_argument("--goodput-study", default=None, help="that study's name")
     args = parser.parse_args(argv)
     published(args.loo)
     if args.cpu_storage:
         cpu(args.cpu_storage, args.loo)
+    if args.goodput_storage and args.goodput_study:
+        goodput(args.goodput_storage, args.goodput_study)
     return 0
 
 

@@ -139,10 +139,10 @@ def test_an_slo_no_configuration_meets_is_said_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_an_slo_study_whose_sampler_picks_do_not_fit_gets_a_fitting_pick_from_the_guide(tmp_path, tiny_model_folder,
+def test_an_unguided_slo_study_whose_sampler_picks_do_not_fit_gets_a_fitting_pick(tmp_path, tiny_model_folder,
                                                                                        monkeypatch):
-    """Under an SLO the sampler picks every trial; where its picks keep ending past the time left, the guide's cost
-    model queues one that fits rather than the search ending with its budget unspent."""
+    """With --no-guide the sampler picks every trial; where its picks keep ending past the time left, the guide's
+    cost model queues one that fits rather than the search ending with its budget unspent."""
     import time
 
     import autotune.study.loop as loop
@@ -158,7 +158,7 @@ def test_an_slo_study_whose_sampler_picks_do_not_fit_gets_a_fitting_pick_from_th
     space = load_space(DEFAULT_SPACE).restrict("dtype", ("fp32",), "every CPU computes fp32").restrict(
         "device_power", (1, 2), "2 cores")
     settings = dataclasses.replace(_settings(tmp_path, 6), model=str(tiny_model_folder), timeout_s=3600.0,
-                                   deadline=time.time() + 3600.0)
+                                   deadline=time.time() + 3600.0, guided=False)
     study = open_study(settings)
     study.set_user_attr("model_checksum", "sha256:x")
     study.set_user_attr("eval_digest", "d")
@@ -168,3 +168,22 @@ def test_an_slo_study_whose_sampler_picks_do_not_fit_gets_a_fitting_pick_from_th
     ran = [t for t in study.trials if "config" in t.user_attrs and not t.user_attrs.get("not_run")]
     guided = [t for t in ran if t.user_attrs.get("role") == "sim-guided"]
     assert guided and all(DeployConfig.from_dict(t.user_attrs["config"]).fusion_level == "O0" for t in guided)
+
+
+@pytest.mark.slow
+def test_a_guided_slo_study_orders_its_trials_by_predicted_goodput(tmp_path, tiny_model_folder):
+    """Under an SLO the guide picks trials too, each with the goodput the simulated server predicts for it."""
+    class CpuGoodput(GoodputBackend):
+        name = "cpu"  # the backend the guide has a profile for
+
+    space = load_space(DEFAULT_SPACE).restrict("dtype", ("fp32",), "every CPU computes fp32").restrict(
+        "device_power", (1, 2), "2 cores")
+    settings = dataclasses.replace(_settings(tmp_path, 5), model=str(tiny_model_folder))
+    study = open_study(settings)
+    study.set_user_attr("model_checksum", "sha256:x")
+    study.set_user_attr("eval_digest", "d")
+    enqueue_baseline(study, space)
+    run_search(settings, space, CpuGoodput(), study)
+    guided = [t for t in study.trials if t.user_attrs.get("role") == "sim-guided"]
+    assert guided and all(t.user_attrs["predicted"]["goodput_req_s"] >= 0 for t in guided)
+    assert all("prefill_chunk" in t.user_attrs["config"] for t in guided)

@@ -1,15 +1,18 @@
 """The simulator as a backend: every trial is a prediction of the analytical model (autotune/sim), labelled as
-simulated. It measures nothing: not speed, not memory, and not the accuracy gate."""
+simulated. It measures nothing: not speed, not memory, not goodput (under an SLO, a discrete-event run of the serving
+scheduler predicts it: sim/served.py), and not the accuracy gate."""
 from __future__ import annotations
 
 from autotune.backends.base import Backend
 from autotune.config.deploy import DTYPES, DeployConfig
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.models.registry import resolve_model
 from autotune.probe.capabilities import Capabilities, Precision, restrict_space
 from autotune.sim.hardware import HardwareProfile, list_profiles, load_profile
 from autotune.sim.predict import predict
+from autotune.sim.served import predict_goodput
 from autotune.space.search_space import SearchSpace
 from autotune.trial.job import Job, JobKind, JobResult, Status
 
@@ -88,8 +91,9 @@ class SimBackend(Backend):
         if job.kind is not JobKind.TRIAL:
             return JobResult.error(f"the simulator cannot run a {job.kind.value!r} job: it measures nothing")
         try:
-            prediction = predict(resolve_model(job.model), DeployConfig.from_dict(job.config), Workload(**job.workload),
-                                 self.profile)
+            spec, config = resolve_model(job.model), DeployConfig.from_dict(job.config)
+            workload = Workload(**job.workload)
+            prediction = predict(spec, config, workload, self.profile)
         except (AutotuneError, ValueError) as exc:
             return JobResult.error(str(exc))
         versions = {"simulator": SIMULATOR_VERSION, "profile": self.profile.label,
@@ -100,6 +104,10 @@ class SimBackend(Backend):
             return result
         result.bench, result.gate, result.build_s = prediction.bench(), dict(GATE_NOT_MEASURED), 0.0
         result.prediction = prediction.to_dict()
+        if job.slo is not None:  # a discrete-event run of the serving scheduler, labelled simulated
+            result.goodput = predict_goodput(spec, config, workload, self.profile, Slo(**job.slo))
+            result.bench["goodput_req_s"] = result.goodput["goodput_req_s"]
+            result.bench["goodput_tok_s"] = result.goodput["goodput_tok_s"]
         return result
 
     def fingerprint(self) -> dict:

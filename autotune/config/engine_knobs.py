@@ -54,10 +54,11 @@ class EngineKnobs:
     # defaults, so that a configuration that does not use them keeps its digest (its recipe's file name) and its
     # gate key.
     LATER: ClassVar[tuple[str, ...]] = ("quant_method", "fallback_layers", "dtype", "prefill_chunk")
-    # What the simulator's cost of a step reads of these (the rest change accuracy and little it could predict),
-    # and of those the knobs that name a numerics scheme to the guide (study/guide.py).
+    # What the simulator reads of these (a step's cost; the prefill chunk, how its serving run schedules prompts:
+    # sim/served.py), the rest changing accuracy and little it could predict; and of those the knobs that name a
+    # numerics scheme to the guide (study/guide.py).
     MODELED: ClassVar[tuple[str, ...]] = ("dtype", "quant", "fusion_level", "layers_per_subgraph", "page_size",
-                                          "kv_policy")
+                                          "kv_policy", "prefill_chunk")
     SCHEME: ClassVar[tuple[str, ...]] = ("quant", "dtype")
     # The knobs with a fixed set of values (a space file's values are checked against these too).
     CHOICES: ClassVar[dict[str, tuple]] = {"dtype": DTYPES, "quant": QUANT_SCHEMES, "fusion_level": FUSION_LEVELS,

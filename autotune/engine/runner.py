@@ -11,6 +11,7 @@ from autotune.engine.model import EngineModel
 from autotune.engine.sampler import Sampler, SamplingBatch
 from autotune.engine.scheduler import PrefillBatch, Scheduler, length_groups
 from autotune.engine.sequence import Completion, Request, Sampling, Sequence
+from autotune.engine.stepped import SteppedRunner
 
 # Request, Completion and Sampling live in engine/sequence.py; named here too, where they were first defined.
 __all__ = ["Runner", "batch_buckets", "Request", "Completion", "Sampling"]
@@ -26,7 +27,7 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return (*sizes, max_batch)
 
 
-class Runner:
+class Runner(SteppedRunner):
     """Runs requests through an EngineModel with a paged cache, `max_batch` sequences at a time.
 
     `pad_batch` pads every decode step to the smallest of `batch_buckets(max_batch)` that holds its rows (static
@@ -191,37 +192,6 @@ class Runner:
             self.submit(Request([1] * min(self.prefill_chunk + prompt_tokens + 1, room), 2, min_new_tokens=2))
             self._drain()
 
-    # Step-wise API for serving: requests join while others run; the caller drives step() from one thread.
-    def submit(self, request: Request, arrival: float | None = None) -> Completion:
-        """Queue a request; its Completion fills in as step() runs. Set `finish_reason` on it to cancel it."""
-        completion = Completion(request, arrival=time.perf_counter() if arrival is None else arrival)
-        self.scheduler.add(completion)
-        return completion
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return self.scheduler.num_admitted
-
-    def kv_usage(self) -> tuple[int, int]:
-        """(pages held by sequences, pages of the cache less the null page)."""
-        return self.cache.pages_in_use, self.cache.num_pages - 1
-
-    def step(self) -> list[Completion]:
-        """Admit waiting requests up to `max_batch`, one prefill forward (all admitted prompts, or what
-        `prefill_chunk` allows), then one decode step of every running sequence. Returns the completions that
-        finished (or were cancelled) during this step; their pages are freed."""
-        scheduler = self.scheduler
-        finished = scheduler.release()
-        admitted, cancelled = scheduler.admit()
-        for seq in admitted:
+    def _admitted(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
             seq.generator = self.sampler.generator(seq.request.sampling)
-        if (batch := scheduler.schedule_prefill()) is not None:
-            self._prefill(batch)
-            scheduler.prefilled()
-        if rows := scheduler.decoding():
-            self._decode(rows)
-        return finished + cancelled + scheduler.release()

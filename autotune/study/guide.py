@@ -15,7 +15,12 @@ them.
 What the simulator cannot know is accuracy: numerics whose gate failed in this study are left out. Turns for speed
 take schemes already known to pass (exploit); the memory turn, where lower-bit schemes are what there is to gain,
 tries a scheme whose gate is not known yet, eagerly first (O0, no compile: the cheapest way to learn whether it
-passes at all)."""
+passes at all).
+
+Under latency objectives (--slo) the turns are for goodput: the configurations of the predicted offline front,
+each with every prefill chunk (which the offline figures do not see), are run through the simulated server
+(sim/served.py: a discrete-event run of the serving scheduler over the arrival process, each step's cost from the
+refitted profile), and the best predicted goodput is tried next."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,6 +29,7 @@ import optuna
 
 from autotune.config.deploy import DeployConfig
 from autotune.config.runtimes import DEFAULT_RUNTIME, SHARED_KNOBS, runtime_of
+from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.errors import AutotuneError
 from autotune.models.registry import ModelSpec, resolve_model
@@ -32,6 +38,7 @@ from autotune.sim.anchors import CPU_METRICS
 from autotune.sim.fit import BOUNDS, CPU_FIT, Anchor, fit_factors, with_factors
 from autotune.sim.hardware import HardwareProfile, load_profile
 from autotune.sim.predict import predict
+from autotune.sim.served import predict_goodput
 from autotune.sim.stand_in import stand_in
 from autotune.space.search_space import RUNTIME_DIMENSION, SearchSpace
 from autotune.study.doubt import doubted
@@ -44,6 +51,10 @@ GUIDE_ROLE = "sim-guided"
 # Which objective the next guided trial is best on, in turn: throughput twice as often, as the speed gain is what
 # a search is first asked for; (name, maximise).
 _TURNS = (("throughput_tok_s", True), ("tpot_p99_ms", False), ("throughput_tok_s", True), ("peak_memory_mb", False))
+# Under an SLO: goodput (the study's objective) three turns in four, peak memory (its other one) the fourth.
+_SLO_TURNS = (("goodput_req_s", True), ("goodput_req_s", True), ("goodput_req_s", True), ("peak_memory_mb", False))
+# A simulated goodput costs about 0.1 s (a rate search of simulated runs): at most this many per pick.
+SERVED_CANDIDATES = 24
 # Refitting every factor from scratch each trial would cost seconds; a few sweeps from the last fit suffice.
 _SWEEPS = 4
 
@@ -76,13 +87,16 @@ def _variant(config: DeployConfig) -> dict:
 
 
 class Guide:
-    def __init__(self, spec: ModelSpec, space: SearchSpace, workload: Workload, profile: HardwareProfile) -> None:
-        self.spec, self.space, self.workload = spec, space, workload
+    def __init__(self, spec: ModelSpec, space: SearchSpace, workload: Workload, profile: HardwareProfile,
+                 slo: Slo | None = None) -> None:
+        self.spec, self.space, self.workload, self.slo = spec, space, workload, slo
         self.prior = profile
         # Per runtime, the profile refitted to its trials; the engine's starts from the prior, the others once one
         # of their trials has been measured.
         self.profiles: dict[str, HardwareProfile] = {DEFAULT_RUNTIME: profile}
         self._fitted: dict[str, int] = {}
+        # Simulated goodput per (trial parameters, what its runtime's profile was fitted to).
+        self._goodput: dict[tuple, float] = {}
         grid = [{RUNTIME_DIMENSION: part.runtime, **p} for part in space.parts for p in _modeled_grid(part)] \
             if space.parts else _modeled_grid(space)
         # Precisions the profile has no rate for (an adapted space holds none), and configurations a runtime has
@@ -100,12 +114,13 @@ class Guide:
         return sum(self._fitted.values())
 
     @classmethod
-    def for_backend(cls, backend_name: str, model: str, space: SearchSpace, workload: Workload) -> Guide | None:
+    def for_backend(cls, backend_name: str, model: str, space: SearchSpace, workload: Workload,
+                    slo: Slo | None = None) -> Guide | None:
         name = PROFILE_OF_BACKEND.get(backend_name)
         if name is None:
             return None
         try:
-            return cls(resolve_model(model), space, workload, load_profile(name))
+            return cls(resolve_model(model), space, workload, load_profile(name), slo)
         except AutotuneError as exc:
             log(f"guide: the {name} profile cannot be loaded ({exc}); the sampler orders the trials alone")
             return None
@@ -168,7 +183,8 @@ class Guide:
         # Optuna's names of the parameters (a knob chosen per scheme is named per scheme: SearchSpace.trial_params).
         tried = {_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
         failing, passing, failing_eager = self._gate_knowledge(trials)
-        metric, maximise = _TURNS[turn % len(_TURNS)]
+        turns = _TURNS if self.slo is None else _SLO_TURNS
+        metric, maximise = turns[turn % len(turns)]
         explore = explore or metric == "peak_memory_mb" or not passing
         candidates: dict[tuple, tuple[dict, dict]] = {}
         last: dict[tuple, tuple[dict, dict]] = {}
@@ -199,10 +215,38 @@ class Guide:
         if not candidates:
             return None
         front = _pareto(list(candidates.values()))
+        names = ["throughput_tok_s", "tpot_p99_ms", "peak_memory_mb"]
+        if self.slo is not None:
+            front = self._served_front(candidates, front, metric, maximise)
+            names.append("goodput_req_s")
         params, figures = max(front, key=lambda pf: (pf[1][metric] if maximise else -pf[1][metric],
                                                      pf[1]["throughput_tok_s"]))
-        return params, {name: round(figures[name], 2) for name in ("throughput_tok_s", "tpot_p99_ms",
-                                                                    "peak_memory_mb")}
+        return params, {name: round(figures[name], 2) for name in names}
+
+    def _served_front(self, candidates: dict[tuple, tuple[dict, dict]], front: list[tuple[dict, dict]],
+                      metric: str, maximise: bool) -> list[tuple[dict, dict]]:
+        """The front's configurations with every prefill chunk among the candidates, at most SERVED_CANDIDATES
+        (the best on this turn's metric by their offline figures), each with its simulated goodput; where some meet
+        the SLO at a rate, only those (a memory turn's smallest is of no use if it serves nothing)."""
+        def shape(params: dict) -> tuple:
+            return _key({k: v for k, v in params.items() if k != "prefill_chunk"})
+
+        shapes = {shape(p) for p, _ in front}
+        pool = [pf for pf in candidates.values() if shape(pf[0]) in shapes]
+        if metric == "goodput_req_s":  # not predicted yet: the offline throughput orders them
+            metric, maximise = "throughput_tok_s", True
+        pool.sort(key=lambda pf: -pf[1][metric] if maximise else pf[1][metric])
+        served = []
+        for params, figures in pool[:SERVED_CANDIDATES]:
+            config = self.space.to_config(params)
+            key = (_key(params), self._fitted.get(config.runtime, 0))
+            if key not in self._goodput:
+                modeled = stand_in(config)
+                self._goodput[key] = predict_goodput(self.spec, modeled, self.workload,  # type: ignore[arg-type]
+                                                     self.profiles[config.runtime], self.slo)["goodput_req_s"]
+            served.append((params, {**figures, "goodput_req_s": self._goodput[key]}))
+        meeting = [pf for pf in served if pf[1]["goodput_req_s"] > 0]
+        return meeting or served
 
 
 def _pareto(points: list[tuple[dict, dict]]) -> list[tuple[dict, dict]]:

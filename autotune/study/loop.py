@@ -289,12 +289,8 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
     patience_s = (settings.trial_timeout_s or CEILING_S) + GRACE_S + 2 * heartbeat_seconds()[1]
     # The guide's profile also predicts each trial's cost (its limit, and whether it fits the time budget); with
     # --no-guide it still does that, without ordering the trials.
-    guide = Guide.for_backend(backend.name, settings.model, space, settings.workload)
+    guide = Guide.for_backend(backend.name, settings.model, space, settings.workload, settings.slo)
     guided = settings.guided
-    if guide is not None and guided and settings.slo is not None:
-        guided = False
-        log("guide: it predicts offline figures, not goodput under an SLO: the sampler picks every trial (the "
-            "guide still predicts each trial's cost)")
     started, ran, skipped, misses, repeats = time.perf_counter(), 0, False, 0, 0
     while True:
         done = wait_for_slot(study, target, patience_s)
@@ -350,7 +346,7 @@ def run_search(settings: SearchSettings, space: SearchSpace, backend: Backend, s
                     misses += 1
                     if misses >= MAX_MISSES:
                         if guide is not None and not guided and _fitting_pick(study, guide, done, fits):
-                            # An unguided study (under an SLO) still has the guide's cost model: a configuration it
+                            # An unguided study (--no-guide) still has the guide's cost model: a configuration it
                             # predicts to fit beats ending with the budget unspent.
                             log(f"  the sampler's last {misses} picks would end past the time left: the guide "
                                 "queues one predicted to fit")

@@ -69,7 +69,8 @@ def _waiting(study: optuna.Study) -> bool:
 
 
 def _log_pick(guide: Guide, what: str, predicted: dict, started: float) -> None:
-    log(f"  {what} ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted "
+    goodput = f"goodput {predicted['goodput_req_s']:.3g} req/s, " if "goodput_req_s" in predicted else ""
+    log(f"  {what} ({guide.fitted_on} trials fitted, {time.perf_counter() - started:.1f} s): predicted {goodput}"
         f"{predicted['throughput_tok_s']:.1f} tok/s, TPOT p99 {predicted['tpot_p99_ms']:.1f} ms, "
         f"{predicted['peak_memory_mb']:.0f} MB")
 
