@@ -91,7 +91,12 @@ class PackagedGraphs:
         self.after_compile: Callable[[], None] | None = None
         self.num_compiled = self.num_loaded = 0
         self.compile_seconds = 0.0
-        self._programs: dict[tuple, list[tuple[list, Any]]] = {}  # entry and inputs -> [(shape pattern, package)]
+        # entry and inputs -> [(shape pattern, package, its file's stem)]
+        self._programs: dict[tuple, list[tuple[list, Any, str]]] = {}
+        # The packages (stems) run since `ran` was last emptied; those the first-start check ran (serve/first_start.py),
+        # once it has: a package outside them that runs is said, once.
+        self.ran: set[str] = set()
+        self.checked: set[str] | None = None
 
     def run(self, name: str, kind: str, module: nn.Module, args: tuple) -> Any:
         """`module(*args)`, by the package compiled for these inputs (loaded, or compiled and saved first)."""
@@ -101,13 +106,21 @@ class PackagedGraphs:
         programs = self._programs.get(key)
         if programs is None:
             programs = self._programs[key] = self._load_all(_signature(name, kind, args, leaves))
-        for pattern, program in programs:
+        for pattern, program, stem in programs:
             if _fits(pattern, leaves):
+                if stem not in self.ran:
+                    self._first_run(stem)
                 return program(*args)
         programs.append(self._compile(_signature(name, kind, args, leaves), name, kind, module, args, leaves))
+        self._first_run(programs[-1][2])
         return programs[-1][1](*args)
 
-    def _load_all(self, signature: str) -> list[tuple[list, Any]]:
+    def _first_run(self, stem: str) -> None:
+        self.ran.add(stem)
+        if self.checked is not None and stem not in self.checked:
+            log(f"WARNING: O2 graph {stem} runs, which the first-start check of these packages did not run")
+
+    def _load_all(self, signature: str) -> list[tuple[list, Any, str]]:
         """Every package in the folder made for this signature; a corrupt or unloadable one is skipped, said why."""
         loaded = []
         for meta_path in sorted(self.folder.glob(f"{signature}-*.json")):
@@ -125,12 +138,12 @@ class PackagedGraphs:
             except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
                 log(f"O2 package {package.name} not used: {type(exc).__name__}: {exc}")
                 continue
-            loaded.append((meta["pattern"], program))
+            loaded.append((meta["pattern"], program, package.stem))
             self.num_loaded += 1
         return loaded
 
     def _compile(self, signature: str, name: str, kind: str, module: nn.Module, args: tuple,
-                 leaves: list) -> tuple[list, Any]:
+                 leaves: list) -> tuple[list, Any, str]:
         started = time.perf_counter()
         dynamic = DYNAMIC_DIMS[kind]
         dims = [{d: Dim.AUTO for d in dynamic.get(leaf_name, ()) if leaf.shape[d] >= 2}
@@ -166,7 +179,7 @@ class PackagedGraphs:
         log(f"O2 graph {name} ({kind}) compiled into {self.folder / stem}.pt2 in {seconds:.1f} s")
         if self.after_compile is not None:
             self.after_compile()
-        return pattern, loaded
+        return pattern, loaded, stem
 
 
 def digests_path(folder: Path) -> Path:

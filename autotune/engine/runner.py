@@ -84,9 +84,12 @@ class Runner(SteppedRunner):
 
     def prepare_prefill_chunk(self, seq: Sequence, end: int) -> tuple[torch.Tensor, ...]:
         """Prompt positions [seq.length, end) of one sequence: token ids, starts, slots and its block table up to
-        `end`, each with a leading row dimension of 1."""
+        `end`, at least 2 pages wide (padded with the scratch page, which the chunk's causal mask hides: its slots
+        are past every position of the chunk), each with a leading row dimension of 1. A width of 1 would be a graph
+        of its own (dynamo and torch.export specialise a size of 1), run only by chunks within a prompt's first page,
+        and so one more graph to compile, warm up and check."""
         cache, start = self.cache, seq.length
-        pages = cache.pages_for(end)
+        pages = max(2, cache.pages_for(end))
         ids = torch.tensor([seq.request.prompt_ids[start:end]])
         slots = cache.slots(seq.seq_id, start, end)[None]
         table = torch.tensor([cache.block_row(seq.seq_id)[:pages]])

@@ -7,11 +7,13 @@ from collections.abc import Callable
 import torch
 
 from autotune.engine import Engine, Request
+from autotune.engine.runner import Runner
+from autotune.engine.sequence import Completion
 from autotune.gate.design import DECODE_STAGE_PROMPTS
 from autotune.gate.reference import Reference, agreeing
 from autotune.gate.verdict import design_effect, judge
 
-__all__ = ["decode_check", "staged_decode"]
+__all__ = ["decode_check", "served_decode_check", "staged_decode"]
 
 
 def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]], tie_epsilon: float,
@@ -39,6 +41,39 @@ def decode_check(engine: Engine, reference: Reference, prompts: list[list[int]],
         outs = runner.run([Request(prompts[i], new, min_new_tokens=new, eos_token_id=eos,
                                    forced_ids=tuple(reference.decode_tokens[i])) for i in rows])
         return [out.greedy_ids for out in outs[:len(chunk)]]  # a repeated prompt filled the batch: scored once
+
+    return staged_decode(len(prompts), reference, tie_epsilon, min_agreement, stage, greedy_ids)
+
+
+def served_decode_check(runner: Runner, eos_token_id: int | None, reference: Reference, prompts: list[list[int]],
+                        tie_epsilon: float, min_agreement: float, stage: int = DECODE_STAGE_PROMPTS) -> dict:
+    """The decode check through a serving runner, in arrival patterns that run each of its graphs (a first start
+    checks the program it is about to serve: serve/first_start.py). Each stage: a group of each batch bucket's size
+    arriving together (a prefill of that many whole prompts, then decode steps at that bucket), then the rest
+    arriving a step apart while the earlier ones decode (where the runner prefills in chunks shorter than the
+    prompts, each in chunks), the running batch passing through the buckets on its way up and down. Scored as
+    decode_check scores, each prompt once."""
+    prompts = prompts[:len(reference.decode_tokens)]
+    new = reference.decode_top_ids.shape[1]
+
+    def request(i: int) -> Request:
+        return Request(prompts[i], new, min_new_tokens=new, eos_token_id=eos_token_id,
+                       forced_ids=tuple(reference.decode_tokens[i]))
+
+    def greedy_ids(chunk: list[int]) -> list[list[int]]:
+        done: dict[int, Completion] = {}
+        rest = list(chunk)
+        for size in runner.buckets:
+            if len(rest) <= size:
+                break  # what is left arrives a step apart
+            group, rest = rest[:size], rest[size:]
+            done.update(zip(group, runner.run([request(i) for i in group])))
+        for i in rest:
+            done[i] = runner.submit(request(i))
+            runner.step()
+        while runner.num_waiting or runner.num_running:
+            runner.step()
+        return [done[i].greedy_ids for i in chunk]
 
     return staged_decode(len(prompts), reference, tie_epsilon, min_agreement, stage, greedy_ids)
 

@@ -116,7 +116,7 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
                                                 packages=startup.packages() if startup else None)
     if engine.packaged is not None:
         # Before any request: the program about to be served is checked against the recipe (serve/first_start.py).
-        check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force)
+        check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force, max_seq_len)
     engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     started = time.perf_counter()
     if engine_here:

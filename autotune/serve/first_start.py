@@ -1,10 +1,14 @@
 """A packaged build's first start checks the program it is about to serve. O2 on the CPU is served from AOTInductor
-packages compiled at that start (engine/packaged.py), with the serving runner's graphs (batch buckets, decode steps
-as wide as their rows' pages), which no trial ran: before the server takes a request, that program runs the decode
-check against the fp32 reference and one timed run of the recipe's workload, on the serving runner. The figures are
-kept with the packages (`check.json` in their folder, emptied with them when the key changes) and set beside the
-recipe's on every later start: a decode check that does not pass refuses the start (unless --force), a throughput
-or memory beyond the recipe's spread and tolerance is said with both figures."""
+packages compiled at that start (engine/packaged.py), with the serving runner's graphs (a decode graph per batch
+bucket, decode steps as wide as their rows' pages, prompts prefilled whole or in chunks), which no trial ran. Before
+the server takes a request, the serving runner is warmed up (every graph it will run, compiled or loaded), and that
+program runs the decode check against the fp32 reference in arrival patterns that run each of those graphs
+(gate/decode.served_decode_check), then one timed run of the recipe's workload. A graph the warm-up ran and the
+check did not refuses the start (unless --force); so does a decode check that does not pass. The figures and the
+graphs checked are kept with the packages (`check.json` in their folder, emptied with them when the key changes)
+and set beside the recipe's on every later start, which checks again where its warm-up runs a graph the kept check
+did not; a throughput or memory beyond the recipe's spread and tolerance is said with both figures. A graph that
+first runs later, on a request, is said in the log (engine/packaged.py)."""
 from __future__ import annotations
 
 import json
@@ -14,9 +18,10 @@ from autotune.benchmark.bench import benchmark_engine
 from autotune.benchmark.policy import RunPolicy
 from autotune.config.workload import Workload
 from autotune.engine import Engine
+from autotune.engine.serving import configured_chunk, serving_runner
 from autotune.errors import UserInputError
 from autotune.gate.corpus import EVAL_POSITIONS, bench_prompts, decode_prompts
-from autotune.gate.decode import decode_check
+from autotune.gate.decode import served_decode_check
 from autotune.gate.design import design
 from autotune.gate.reference import cached_reference
 from autotune.models.registry import resolve_model
@@ -26,29 +31,39 @@ from autotune.progress import log
 from autotune.recipes.recipe import Recipe
 from autotune.recipes.verify import DEFAULT_TOLERANCE
 
-__all__ = ["CHECK", "check_packaged", "measure_packaged", "differences"]
+__all__ = ["CHECK", "CHECK_CHUNK", "check_packaged", "measure_packaged", "differences", "served_graphs"]
 
 CHECK = "check.json"
+# The check's prefill chunk where the server prefills in chunks: shorter than the decode check's prompts (48 tokens),
+# so that each prompt arriving while others decode runs the chunk graph (its length is dynamic: the served one).
+CHECK_CHUNK = 16
 
 
 def measure_packaged(engine: Engine, recipe: Recipe, tokenizer, base_rss: int) -> dict:
-    """The decode check and one timed run of the recipe's workload, both on the serving runner's graphs."""
+    """The decode check on the serving runner's graphs (`graphs`: the packages it ran), then one timed run of the
+    recipe's workload."""
     spec = resolve_model(recipe.model)
     gate = recipe.data.get("gate") or {}
     workload = Workload(**recipe.data["workload"])
-    shapes = dict(max_seq_len=workload.max_seq_len, pool_tokens=engine.config.batch_size * workload.max_seq_len)
     reference = cached_reference(model_checksum(spec), tokenizer, EVAL_POSITIONS,
                                  lambda: load_hf_model(spec, "float32"))
+    prompts = decode_prompts(tokenizer, eval_positions=EVAL_POSITIONS)
+    max_seq_len = max(workload.max_seq_len, max(map(len, prompts)) + reference.decode_top_ids.shape[1])
+    chunk = CHECK_CHUNK if configured_chunk(engine.config) is not None else None
+    runner = engine.runner(max_seq_len=max_seq_len, pool_tokens=engine.config.batch_size * max_seq_len,
+                           prefill_chunk=chunk, bucketed=True)
     log("serve: first start of these packages: the decode check and one timed run on the program to be served")
-    decode = decode_check(engine, reference, decode_prompts(tokenizer, eval_positions=EVAL_POSITIONS),
-                          gate.get("tie_epsilon", 0.05), gate.get("min_agreement", 0.995), bucketed=True, **shapes)
+    engine.packaged.ran.clear()
+    decode = served_decode_check(runner, engine.model.eos_token_id, reference, prompts,
+                                 gate.get("tie_epsilon", 0.05), gate.get("min_agreement", 0.995))
+    checked = sorted(engine.packaged.ran)
     prompts = bench_prompts(tokenizer, workload.num_requests, workload.prompt_min, workload.prompt_max,
                             workload.seed)
     bench = benchmark_engine(engine, prompts, workload, policy=RunPolicy(warmup="full", max_repeats=1),
                              base_rss=base_rss, bucketed=True)
     return {"decode_agreement": decode["decode_agreement"], "decode_positions": decode["decode_positions"],
             "decode_passed": decode["decode_passed"], "decode_decided": decode["decode_decided"],
-            "decode_verdict": decode["decode_verdict"],
+            "decode_verdict": decode["decode_verdict"], "graphs": checked,
             "throughput_tok_s": bench["throughput_tok_s"], "peak_memory_mb": bench["peak_memory_mb"]}
 
 
@@ -66,10 +81,20 @@ def differences(check: dict, recipe: Recipe, tolerance: float = DEFAULT_TOLERANC
     return out
 
 
-def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base_rss: int, force: bool) -> dict:
-    """The packaged program's check: measured now where `folder` (the packages') holds none, else the one kept
-    there. Says the figures beside the recipe's; refuses a decode check that did not pass unless `force`."""
+def served_graphs(engine: Engine, max_seq_len: int) -> set[str]:
+    """The packages a serving runner's warm-up runs (every graph the server will run), compiled or loaded now."""
+    engine.packaged.ran.clear()
+    serving_runner(engine, max_seq_len).warm_up()
+    return set(engine.packaged.ran)
+
+
+def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base_rss: int, force: bool,
+                   max_seq_len: int) -> dict:
+    """The packaged program's check: measured now where `folder` (the packages') holds none that ran every graph
+    the server's warm-up (at `max_seq_len`) runs, else the one kept there. Says the figures beside the recipe's;
+    refuses a decode check that did not pass, or one that did not run every served graph, unless `force`."""
     path = folder / CHECK
+    served = served_graphs(engine, max_seq_len)
     try:
         check = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -78,11 +103,18 @@ def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base
         # Kept with packages that outlive a change of the decode check's sizes or rule: its verdict is not today's.
         log(f"serve: {path} was checked under another design of the decode check: checked again")
         check = None
+    if check is not None and not served <= set(check.get("graphs") or ()):
+        log(f"serve: the server runs {len(served - set(check.get('graphs') or ()))} graphs that the check kept in "
+            f"{path} did not run: checked again")
+        check = None
     if check is None:
         check = {**measure_packaged(engine, recipe, tokenizer, base_rss), "gate_design": design()}
+        if unchecked := sorted(served - set(check["graphs"])):
+            check["unchecked"] = unchecked
         write_atomic(path, json.dumps(check, indent=1).encode())
     else:
         log(f"serve: these packages were checked at their first start ({path})")
+    engine.packaged.checked = set(check["graphs"])
     gate = recipe.data.get("gate") or {}
     recorded = gate.get("decode_agreement")  # None for a recipe gated before the decode check
     log(f"serve: packaged program: decode {check['decode_agreement']:.4f} over {check['decode_positions']} "
@@ -92,6 +124,12 @@ def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base
         f"{recipe.data['metrics'].get('peak_memory_mb') or 0:.0f})")
     for line in differences(check, recipe):
         log(f"serve: WARNING: the packaged program differs from the recipe: {line}")
+    if check.get("unchecked"):
+        why = (f"the first-start check did not run {len(check['unchecked'])} of the graphs the server runs "
+               f"({', '.join(check['unchecked'])})")
+        if not force:
+            raise UserInputError(f"{why}: they would serve unchecked; --force serves them anyway")
+        log(f"serve: WARNING: {why}; served anyway (--force)")
     # A marginal verdict is what the recipe itself had where it was accepted so (search --accept-marginal).
     if not check["decode_passed"] and not (gate.get("accepted_marginal") and check["decode_decided"] is False):
         why = (f"the packaged program does not pass the decode check here ({check['decode_verdict']}), though the "
