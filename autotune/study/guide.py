@@ -35,7 +35,7 @@ from autotune.errors import AutotuneError
 from autotune.models.registry import ModelSpec, resolve_model
 from autotune.progress import log
 from autotune.sim.anchors import CPU_METRICS
-from autotune.sim.fit import BOUNDS, CPU_FIT, Anchor, fit_factors, with_factors
+from autotune.sim.fit import CPU_FIT, MEASURED_PEAK_BOUNDS, Anchor, fit_factors, with_factors
 from autotune.sim.hardware import HardwareProfile, load_profile
 from autotune.sim.predict import predict
 from autotune.sim.served import predict_goodput
@@ -145,7 +145,8 @@ class Guide:
             if count == self._fitted.get(runtime):
                 continue
             base = self.profiles.get(runtime, self.prior)
-            self.profiles[runtime] = with_factors(base, fit_factors(base, measured, CPU_FIT, BOUNDS, sweeps=_SWEEPS))
+            fitted = fit_factors(base, measured, CPU_FIT, MEASURED_PEAK_BOUNDS, sweeps=_SWEEPS)
+            self.profiles[runtime] = with_factors(base, fitted)
             self._fitted[runtime] = count
 
     def _gate_knowledge(self, trials: list[optuna.trial.FrozenTrial]) -> tuple[set[str], dict[tuple, dict], set[tuple]]:
