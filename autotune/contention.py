@@ -62,7 +62,11 @@ def load_between(before: CpuSample | None, after: CpuSample | None) -> dict:
         return {}
     cpus = os.cpu_count() or 1
     elapsed = (after.total - before.total) / cpus  # wall seconds, as the counters saw them
-    others = max(0.0, (after.busy - before.busy) - (after.own - before.own))
+    # Each counter moves by whole ticks, so the difference of busy and own time is uncertain by a tick each: over a
+    # run of a few ticks that alone reads as cores' worth of others (a 15 ms run of a tiny model: one stray tick is
+    # 0.67 cores). Those two ticks are given to this process.
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    others = max(0.0, (after.busy - before.busy) - (after.own - before.own) - 2 * tick)
     return {"others_cores": round(others / elapsed, 3),
             "steal_share": round((after.steal - before.steal) / (after.total - before.total), 3)}
 

@@ -40,10 +40,20 @@ def test_the_counters_read_others_busy_time_in_cores_less_this_process(tmp_path,
     # Every busy tick is another process's unless this one's own CPU time moved (it did not, much, meanwhile).
     load = load_between(before, after)
     assert load["others_cores"] == pytest.approx(1.5, abs=0.05) and load["steal_share"] == 0.0
-    assert "other processes took 1.5" in doubt(load)
+    assert "other processes took 1.49" in doubt(load)  # less two ticks: the counters' rounding
     assert doubt({"others_cores": DOUBT_CORES / 2, "steal_share": 0.0}) is None
     assert "hypervisor" in doubt({"others_cores": 0.0, "steal_share": 0.2})
     assert sample(tmp_path / "missing") is None and load_between(None, after) == {} and doubt({}) is None
+
+
+def test_a_run_of_a_few_ticks_is_not_doubted_for_a_ticks_rounding(tmp_path, monkeypatch):
+    """Two busy ticks over a 15 ms run (3 ticks over 2 CPUs at 100 Hz) are the counters' rounding, not another
+    process: read as such they were 1.33 cores, and a tiny model's OpenVINO trials were kept off the front."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("os.sysconf", lambda name: 100)
+    before = sample(_stat(tmp_path, "a", user=1000, idle=1000))
+    after = sample(_stat(tmp_path, "b", user=1002, idle=1001))
+    assert load_between(before, after)["others_cores"] == 0.0
 
 
 def test_a_busy_loop_beside_a_measurement_is_seen():
