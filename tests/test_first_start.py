@@ -18,6 +18,7 @@ from autotune.models.weights import load_hf_model, load_tokenizer
 from autotune.paths import private_dir
 from autotune.recipes.recipe import Recipe, load_recipe
 from autotune.serve import first_start
+from autotune.serve.engine_loop import EngineLoop
 from autotune.serve.first_start import CHECK, check_packaged, differences, served_graphs
 
 MAX_SEQ_LEN = 512  # the server's (the recipe's deploy.max_seq_len)
@@ -80,6 +81,18 @@ def test_a_served_graph_the_check_did_not_run_refuses_the_start_and_a_later_star
     engine.packaged.checked = set(graphs[1:])
     served_graphs(engine, MAX_SEQ_LEN)  # the warm-up runs the graph outside the checked ones: said, once
     assert capsys.readouterr().err.count(f"O2 graph {graphs[0]} runs, which the first-start check") == 1
+
+
+
+@pytest.mark.slow
+def test_the_check_warms_the_servers_own_loop_so_its_start_does_not_warm_up_again(served):
+    engine, recipe, tokenizer = served
+    loop = EngineLoop(engine, MAX_SEQ_LEN, max_queue=4)
+    served_now = served_graphs(engine, MAX_SEQ_LEN, warm_up=loop.warm_up)
+    assert served_now == served_graphs(engine, MAX_SEQ_LEN)  # the loop's runner ran every served graph
+    engine.packaged.ran.clear()
+    loop.warm_up()  # the start's own warm-up, after the check's
+    assert engine.packaged.ran == set()
 
 
 def _with_metrics(recipe: Recipe, gate: dict | None = None, **metrics) -> Recipe:

@@ -114,10 +114,11 @@ def build_server(recipe: Recipe, host: str = "127.0.0.1", port: int = 8000, max_
         startup.load()
     engine, tokenizer, max_seq_len = engine_for(recipe, where, check_weights=not force,
                                                 packages=startup.packages() if startup else None)
+    engine_loop = EngineLoop(engine, max_seq_len, max_queue)
     if engine.packaged is not None:
         # Before any request: the program about to be served is checked against the recipe (serve/first_start.py).
-        check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force, max_seq_len)
-    engine_loop = EngineLoop(engine, max_seq_len, max_queue)
+        check_packaged(engine, recipe, tokenizer, engine.packaged.folder, base_rss, force, max_seq_len,
+                       warm_up=engine_loop.warm_up)
     started = time.perf_counter()
     if engine_here:
         engine_loop.warm_up()

@@ -79,6 +79,7 @@ class EngineLoop:
         self.engine, self.max_seq_len, self.max_queue = engine, max_seq_len, max_queue
         self.prefill_chunk = prefill_chunk
         self._runner = self._new_runner()
+        self._warm = False
         self._inbox: queue.Queue[Handle] = queue.Queue()
         self._live: list[Handle] = []
         self._in_system = 0
@@ -99,8 +100,12 @@ class EngineLoop:
         return self._runner.max_batch
 
     def warm_up(self) -> None:
-        """Compile, on the calling thread, what serving will meet (every decode bucket, each prefill path)."""
-        self._runner.warm_up()
+        """Compile, on the calling thread, what serving will meet (every decode bucket, each prefill path); once:
+        a packaged build's first-start check warms this loop's runner to learn which graphs it serves
+        (serve/first_start.py), and the start's own warm-up then has nothing left to do."""
+        if not self._warm:
+            self._runner.warm_up()
+            self._warm = True
 
     def run(self) -> None:
         """The serving loop on the calling thread (which built and warmed up the engine) until stop() or an

@@ -12,6 +12,7 @@ first runs later, on a request, is said in the log (engine/packaged.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune.benchmark.bench import benchmark_engine
@@ -81,20 +82,23 @@ def differences(check: dict, recipe: Recipe, tolerance: float = DEFAULT_TOLERANC
     return out
 
 
-def served_graphs(engine: Engine, max_seq_len: int) -> set[str]:
-    """The packages a serving runner's warm-up runs (every graph the server will run), compiled or loaded now."""
+def served_graphs(engine: Engine, max_seq_len: int, warm_up: Callable[[], None] | None = None) -> set[str]:
+    """The packages a serving runner's warm-up runs (every graph the server will run), compiled or loaded now.
+    `warm_up`: the server's own (serve/engine_loop.py EngineLoop.warm_up), so that its start does not warm up
+    twice; else a serving runner of its own is warmed."""
     engine.packaged.ran.clear()
-    serving_runner(engine, max_seq_len).warm_up()
+    (warm_up or serving_runner(engine, max_seq_len).warm_up)()
     return set(engine.packaged.ran)
 
 
 def check_packaged(engine: Engine, recipe: Recipe, tokenizer, folder: Path, base_rss: int, force: bool,
-                   max_seq_len: int) -> dict:
+                   max_seq_len: int, warm_up: Callable[[], None] | None = None) -> dict:
     """The packaged program's check: measured now where `folder` (the packages') holds none that ran every graph
-    the server's warm-up (at `max_seq_len`) runs, else the one kept there. Says the figures beside the recipe's;
-    refuses a decode check that did not pass, or one that did not run every served graph, unless `force`."""
+    the server's warm-up (at `max_seq_len`; `warm_up`, the server's own: served_graphs) runs, else the one kept
+    there. Says the figures beside the recipe's; refuses a decode check that did not pass, or one that did not run
+    every served graph, unless `force`."""
     path = folder / CHECK
-    served = served_graphs(engine, max_seq_len)
+    served = served_graphs(engine, max_seq_len, warm_up)
     try:
         check = json.loads(path.read_text())
     except (OSError, ValueError):
