@@ -53,11 +53,13 @@ def test_a_package_not_in_the_record_is_not_loaded(tmp_path, capsys):
     (folder / "head-0123-abc.pt2").write_bytes(b"not a package")
     (folder / "head-0123-abc.json").write_text(json.dumps({"pattern": [[None, 4]], "sha256": "ignored"}))
     graphs = PackagedGraphs(folder)
-    assert graphs._load_all("head-0123") == [] and graphs.num_loaded == 0
+    # Found by its metadata, loaded only when a step fits it: then refused.
+    assert graphs._load_all("head-0123") == [[[[None, 4]], None, "head-0123-abc"]]
+    assert graphs._load("head-0123-abc") is None and graphs.num_loaded == 0
     assert "is not in the start-up record" in capsys.readouterr().err
     # In the record, but the bytes are not the ones recorded.
     digests_path(folder).write_text(json.dumps({"head-0123-abc.pt2": "0" * 64}))
-    assert PackagedGraphs(folder)._load_all("head-0123") == []
+    assert PackagedGraphs(folder)._load("head-0123-abc") is None
     assert "does not match the checksum in the start-up record" in capsys.readouterr().err
 
 

@@ -91,8 +91,10 @@ class PackagedGraphs:
         self.after_compile: Callable[[], None] | None = None
         self.num_compiled = self.num_loaded = 0
         self.compile_seconds = 0.0
-        # entry and inputs -> [(shape pattern, package, its file's stem)]
-        self._programs: dict[tuple, list[tuple[list, Any, str]]] = {}
+        # entry and inputs -> [[shape pattern, package (None until first used), its file's stem]], the most dynamic
+        # pattern first: where several fit a step, the one that serves every size runs (the one a first-start check
+        # ran), not a static one that a trial left in the same folder.
+        self._programs: dict[tuple, list[list]] = {}
         # The packages (stems) run since `ran` was last emptied; those the first-start check ran (serve/first_start.py),
         # once it has: a package outside them that runs is said, once.
         self.ran: set[str] = set()
@@ -106,11 +108,16 @@ class PackagedGraphs:
         programs = self._programs.get(key)
         if programs is None:
             programs = self._programs[key] = self._load_all(_signature(name, kind, args, leaves))
-        for pattern, program, stem in programs:
-            if _fits(pattern, leaves):
-                if stem not in self.ran:
-                    self._first_run(stem)
-                return program(*args)
+        for found in programs:
+            if _fits(found[0], leaves):
+                if found[1] is None:
+                    found[1] = self._load(found[2])
+                    if found[1] is None:
+                        programs.remove(found)
+                        break
+                if found[2] not in self.ran:
+                    self._first_run(found[2])
+                return found[1](*args)
         programs.append(self._compile(_signature(name, kind, args, leaves), name, kind, module, args, leaves))
         self._first_run(programs[-1][2])
         return programs[-1][1](*args)
@@ -120,30 +127,41 @@ class PackagedGraphs:
         if self.checked is not None and stem not in self.checked:
             log(f"WARNING: O2 graph {stem} runs, which the first-start check of these packages did not run")
 
-    def _load_all(self, signature: str) -> list[tuple[list, Any, str]]:
-        """Every package in the folder made for this signature; a corrupt or unloadable one is skipped, said why."""
-        loaded = []
+    def _load_all(self, signature: str) -> list[list]:
+        """Every package in the folder made for this signature, by its metadata; each is loaded when a step first
+        fits it (_load), so that a package no step of this process runs costs no memory."""
+        found = []
         for meta_path in sorted(self.folder.glob(f"{signature}-*.json")):
-            package = meta_path.with_suffix(".pt2")
             try:
-                meta = json.loads(meta_path.read_text())
-                expected = self._digests.get(package.name)
-                if expected is None:
-                    raise ValueError(f"it is not in the start-up record {digests_path(self.folder)} (not compiled "
-                                     "by a start of this recipe)")
-                data = package.read_bytes()
-                if hashlib.sha256(data).hexdigest() != expected:
-                    raise ValueError("it does not match the checksum in the start-up record (corrupt or replaced)")
-                program = torch._inductor.aoti_load_package(str(package))
-            except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
-                log(f"O2 package {package.name} not used: {type(exc).__name__}: {exc}")
+                pattern = json.loads(meta_path.read_text())["pattern"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log(f"O2 package {meta_path.with_suffix('.pt2').name} not used: its metadata is unreadable "
+                    f"({type(exc).__name__}: {exc})")
                 continue
-            loaded.append((meta["pattern"], program, package.stem))
-            self.num_loaded += 1
-        return loaded
+            found.append([pattern, None, meta_path.stem])
+        return sorted(found, key=lambda f: -sum(d is None for dims in f[0] for d in dims))
+
+    def _load(self, stem: str) -> Any:
+        """The package `stem`, checked against the start-up record's digest; None where it cannot be used (it is
+        compiled again), said why."""
+        package = self.folder / f"{stem}.pt2"
+        try:
+            # Read again where missing: another build of this configuration may have recorded it since.
+            expected = self._digests.get(package.name) or _read_digests(digests_path(self.folder)).get(package.name)
+            if expected is None:
+                raise ValueError(f"it is not in the start-up record {digests_path(self.folder)} (not compiled "
+                                 "by a build of this configuration)")
+            if hashlib.sha256(package.read_bytes()).hexdigest() != expected:
+                raise ValueError("it does not match the checksum in the start-up record (corrupt or replaced)")
+            program = torch._inductor.aoti_load_package(str(package))
+        except Exception as exc:  # noqa: BLE001  a package we cannot use is compiled again, never fatal
+            log(f"O2 package {package.name} not used: {type(exc).__name__}: {exc}")
+            return None
+        self.num_loaded += 1
+        return program
 
     def _compile(self, signature: str, name: str, kind: str, module: nn.Module, args: tuple,
-                 leaves: list) -> tuple[list, Any, str]:
+                 leaves: list) -> list:
         started = time.perf_counter()
         dynamic = DYNAMIC_DIMS[kind]
         dims = [{d: Dim.AUTO for d in dynamic.get(leaf_name, ()) if leaf.shape[d] >= 2}
@@ -179,7 +197,7 @@ class PackagedGraphs:
         log(f"O2 graph {name} ({kind}) compiled into {self.folder / stem}.pt2 in {seconds:.1f} s")
         if self.after_compile is not None:
             self.after_compile()
-        return pattern, loaded, stem
+        return [pattern, loaded, stem]
 
 
 def digests_path(folder: Path) -> Path:
