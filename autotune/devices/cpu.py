@@ -18,8 +18,9 @@ __all__ = ["CpuDevice", "scratch_packages"]
 
 
 def scratch_packages() -> Path:
-    """A private folder of its own for one build's O2 packages, where nothing keeps them (a trial, `verify`). A
-    process killed at its limit cannot remove its own: the folders of processes no longer alive go first."""
+    """A private folder of its own for one build's O2 packages, where nothing keeps them (`verify`, a trial where
+    devices/kept_packages.py keeps none). A process killed at its limit cannot remove its own: the folders of
+    processes no longer alive go first."""
     root = private_dir(cache_root() / "scratch")
     for folder in root.glob("o2-*-*"):
         pid = folder.name.split("-")[1]

@@ -12,8 +12,10 @@ The bundle holds the compiled graphs, not the C++ kernels they call: those stay 
 Frozen graphs are not cacheable this way: inductor bypasses its FX graph cache for a graph that holds weights
 prepacked for oneDNN (it says "mkldnn tensors unpickleable"; O2 on the CPU prepacks every linear layer), and AOT
 autograd's cache refuses freezing outright. Their bypasses are counted during the start and said in the log. So O2
-on the CPU is served from AOTInductor packages instead (engine/packaged.py), kept in the `o2` folder of the same
-bundle under the same key (`packages()`): a folder made under another key is emptied, with the reason in the log.
+on the CPU is served from AOTInductor packages instead (engine/packaged.py), kept in a folder keyed by what was
+built (devices/kept_packages.py: the trial that measured the recipe made them, so the machine that searched serves
+at once), or else in the `o2` folder of the same bundle under the same key (`packages()`): a folder made under
+another key is emptied, with the reason in the log.
 An accelerator's O2 goes through its Device's compiler, and keeps torch's artifacts as O1 does."""
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from autotune.engine.packaged import digests_path
 from autotune.paths import cache_root, private_dir, untrusted, write_atomic
 from autotune.progress import log
 
-__all__ = ["StartupCache", "ARTIFACTS", "META", "PACKAGES"]
+__all__ = ["StartupCache", "ARTIFACTS", "META", "PACKAGES", "keyed_packages"]
 
 ARTIFACTS, META = "artifacts.bin", "meta.json"
 PACKAGES = "o2"
@@ -72,49 +74,31 @@ _BYPASSES = _Bypasses()
 class StartupCache:
     """One recipe's bundle: `load()` before building the engine, `save()` once it is warm."""
 
-    def __init__(self, folder: Path, key: dict[str, str], enabled: bool = True, packaged: bool = False) -> None:
+    def __init__(self, folder: Path, key: dict[str, str], enabled: bool = True, packaged: bool = False,
+                 packages_folder: Path | None = None) -> None:
         self.folder, self.key, self.enabled, self.packaged = folder, key, enabled, packaged
+        self.packages_folder = packages_folder
         self.loaded = False
 
     @classmethod
-    def keyed(cls, key: dict, fusion_level: str, packaged: bool) -> StartupCache:
+    def keyed(cls, key: dict, fusion_level: str, packaged: bool, packages_folder: Path | None = None
+              ) -> StartupCache:
         """The bundle of the recipe whose content `key["recipe"]` names (serve/startup_key.py makes the key);
-        `packaged`: O2 on the CPU, whose graphs are AOTInductor packages."""
+        `packaged`: O2 on the CPU, whose graphs are AOTInductor packages, in `packages_folder` where given (the
+        folder kept by the build: a trial's packages are a later start's)."""
         # O0 compiles nothing: there is nothing to keep. O2 on the CPU compiles nothing through torch.compile.
         return cls(cache_root() / "startup" / key["recipe"].removeprefix("sha256:")[:16], key,
-                   enabled=fusion_level != "O0" and not packaged, packaged=packaged)
+                   enabled=fusion_level != "O0" and not packaged, packaged=packaged, packages_folder=packages_folder)
 
     def packages(self) -> Path | None:
-        """The folder of O2's AOTInductor packages (engine/packaged.py) when this start is served from them, made
-        under this key: one made under another key, or whose key is unreadable, is emptied first, said why."""
+        """The folder of O2's AOTInductor packages (engine/packaged.py) when this start is served from them: the
+        one its builder keeps (`packages_folder`, made under `packages_key`: devices/kept_packages.py), else the
+        `o2` folder of this bundle, under its key (keyed_packages)."""
         if not self.packaged:
             return None
-        folder, why = self.folder / PACKAGES, None
-        try:
-            made_under = dict(json.loads((folder / META).read_text())["key"])
-        except FileNotFoundError:
-            why = f"none yet in {folder}"
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            why = f"its metadata {folder / META} is unreadable ({type(exc).__name__}: {exc}); it is emptied"
-        else:
-            changed = [f"{name} {made_under.get(name)!r} there, {value!r} here" for name, value in self.key.items()
-                       if made_under.get(name) != value]
-            if changed:
-                why = f"{folder} was made under another key ({'; '.join(changed)}); it is emptied"
-        if why is None:
-            log(f"serve: O2 packages from {folder}")
-            return folder
-        log(f"serve: O2 packages not used: {why}")
-        try:
-            for path in [*folder.glob("*"), digests_path(folder)]:
-                if path.is_file():
-                    path.unlink()
-            private_dir(folder)
-            write_atomic(folder / META, json.dumps({"key": self.key}, indent=1).encode())
-        except OSError as exc:
-            log(f"serve: O2 packages cannot be kept in {folder} ({exc.strerror or exc}): compiled in memory only")
-            return None
-        return folder
+        if self.packages_folder is not None:
+            return self.packages_folder
+        return keyed_packages(self.folder / PACKAGES, self.key)
 
     def report_packages(self, packaged) -> None:
         """Say how the start went with O2's packages (`packaged`: engine/packaged.py PackagedGraphs)."""
@@ -206,3 +190,32 @@ class StartupCache:
             f"{meta['inductor_artifacts']} compiled graphs)")
 
 
+def keyed_packages(folder: Path, key: dict) -> Path | None:
+    """`folder`, for AOTInductor packages made under `key`: one made under another key, or whose key is unreadable,
+    is emptied first, said why; None where it cannot be kept (the packages are then compiled in memory only)."""
+    why = None
+    try:
+        made_under = dict(json.loads((folder / META).read_text())["key"])
+    except FileNotFoundError:
+        why = f"none yet in {folder}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"its metadata {folder / META} is unreadable ({type(exc).__name__}: {exc}); it is emptied"
+    else:
+        changed = [f"{name} {made_under.get(name)!r} there, {value!r} here" for name, value in key.items()
+                   if made_under.get(name) != value]
+        if changed:
+            why = f"{folder} was made under another key ({'; '.join(changed)}); it is emptied"
+    if why is None:
+        log(f"O2 packages from {folder}")
+        return folder
+    log(f"O2 packages not used: {why}")
+    try:
+        for path in [*folder.glob("*"), digests_path(folder)]:
+            if path.is_file():
+                path.unlink()
+        private_dir(folder)
+        write_atomic(folder / META, json.dumps({"key": key}, indent=1).encode())
+    except OSError as exc:
+        log(f"O2 packages cannot be kept in {folder} ({exc.strerror or exc}): compiled in memory only")
+        return None
+    return folder

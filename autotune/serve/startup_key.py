@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from autotune.code_hash import code_hash
+from autotune.devices.kept_packages import kept_packages
 from autotune.engine.startup_cache import StartupCache
 from autotune.gate.cache import host_numerics, numerics_versions
 from autotune.host import cpu_fingerprint
@@ -27,6 +28,11 @@ def startup_key(recipe: Recipe, backend: str) -> dict:
 
 def startup_cache(recipe: Recipe, backend: str) -> StartupCache:
     """The recipe's bundle on this machine, keyed as above. O2 on the CPU keeps AOTInductor packages
-    (autotune/devices/cpu.py builds O2 so everywhere); the rest, torch's cache artifacts."""
-    return StartupCache.keyed(startup_key(recipe, backend), recipe.config.fusion_level,
-                              packaged=recipe.config.fusion_level == "O2" and backend == "cpu")
+    (autotune/devices/cpu.py builds O2 so everywhere) in the folder of what was built (devices/kept_packages.py:
+    where the recipe's trial ran, its packages), or in the bundle where none can be kept there; the rest, torch's
+    cache artifacts."""
+    packaged = recipe.config.fusion_level == "O2" and backend == "cpu"
+    kept = kept_packages(resolve_model(recipe.model), recipe.config, recipe.kept_layers, backend) if packaged \
+        else None
+    return StartupCache.keyed(startup_key(recipe, backend), recipe.config.fusion_level, packaged=packaged,
+                              packages_folder=kept)

@@ -17,6 +17,7 @@ from autotune.config.deploy import TORCH_DTYPE_NAMES, DeployConfig
 from autotune.config.slo import Slo
 from autotune.config.workload import Workload
 from autotune.devices.base import Device
+from autotune.devices.kept_packages import kept_packages
 from autotune.engine import Engine
 from autotune.engine.calibrated import QuantPlan
 from autotune.engine.compiler_cache import compile_seconds, compiler_cache_counts
@@ -80,7 +81,9 @@ class _EngineStages:
         # Calibration, sensitivity: cached after the first trial. A recipe's own kept layers where it is re-measured.
         plan = quant_plan(hf, self.spec, self.tokenizer, self.config,
                           tuple(self.job.keep) if self.job.keep is not None else None)
-        self.engine = self.torch_device.build(hf, self.config, plan=plan)
+        # O2 on the CPU: the packages are kept by what was built, so that serving the recipe loads them.
+        packages = kept_packages(self.spec, self.config, plan.keep if plan else (), self.device)
+        self.engine = self.torch_device.build(hf, self.config, plan=plan, packages=packages)
         del hf
         return JobResult(Status.OK, build_s=self.engine.build_seconds, quant=quant_record(plan, self.engine),
                          build=self.engine.build_record)
