@@ -1,6 +1,6 @@
 """How long `autotune serve RECIPE` takes from launch to serving, for a first start and for the start after it.
 
-    python scripts/bench_startup.py RECIPE [--rounds 2] [--port 8775]
+    python scripts/bench_startup.py RECIPE [--rounds 2] [--port 8775] [--starts first,second,after-trial]
 
 Each round gives the server a fresh cache folder holding only what a machine has once it has searched: the
 converted model and the fp32 reference (copied from this machine's cache, where they are made first if missing).
@@ -8,6 +8,9 @@ converted model and the fp32 reference (copied from this machine's cache, where 
   check (the decode check and one timed run on the program to be served) and the warm-up.
 - second start: the same folder again: the packages and the check are read from the start-up cache, then the
   warm-up.
+- after its trial: another fresh folder, where the recipe's trial runs first as a search runs it (build, gate,
+  benchmark, in a child process: not timed here), then the first start: what the machine that searched pays, the
+  packages its trial compiled loaded (devices/kept_packages.py).
 The figure is the wall time from launching the process to its "serving" line (the server answers from then on).
 Each round's figures and the medians go to docs/data/bench_startup-MODEL-HARDWARE.json (bench_record.py)."""
 from __future__ import annotations
@@ -38,7 +41,10 @@ from bench_tables import startup_table  # noqa: E402
 
 KINDS = ({"name": "first start", "what": "empty start-up and compiler caches: build (O2: compile the packages), "
           "first-start check, warm-up"},
-         {"name": "second start", "what": "the same cache again: packages and check read back, warm-up"})
+         {"name": "second start", "what": "the same cache again: packages and check read back, warm-up"},
+         {"name": "after its trial", "what": "a first start where the recipe's trial ran before (as on the machine "
+          "that searched): its packages loaded, the rest compiled, first-start check, warm-up"})
+STARTS = {"first": "first start", "second": "second start", "after-trial": "after its trial"}
 # What a machine that has searched holds, copied into each round's cache folder.
 _KEEP = ("models", "reference")
 
@@ -62,6 +68,25 @@ def _start(recipe: str, port: int, cache: Path) -> tuple[float, list[str]]:
         proc.wait(timeout=120)
 
 
+def _trial(recipe, backend, cache: Path) -> float:
+    """The recipe's trial, as the search ran it, with `cache` as the cache folder; its wall time."""
+    job = Job(kind=JobKind.TRIAL, model=recipe.model, workload=recipe.data["workload"],
+              config=recipe.config.to_dict(), keep=list(recipe.kept_layers) or None)
+    before = os.environ.get("AUTOTUNE_CACHE")
+    os.environ["AUTOTUNE_CACHE"] = str(cache)  # the trial's child inherits it
+    started = time.perf_counter()
+    try:
+        result = backend.run(job, 3600)
+    finally:
+        if before is None:
+            os.environ.pop("AUTOTUNE_CACHE")
+        else:
+            os.environ["AUTOTUNE_CACHE"] = before
+    if result.status.value != "ok":
+        raise SystemExit(f"the recipe's trial did not pass here ({result.status.value}: {result.reason})")
+    return time.perf_counter() - started
+
+
 def _fresh_cache(root: Path) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="startup-", dir=root))
     os.chmod(folder, 0o700)
@@ -76,23 +101,36 @@ def main() -> int:
     parser.add_argument("recipe")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--port", type=int, default=8775)
+    parser.add_argument("--starts", default=",".join(STARTS),
+                        help=f"which starts, comma-separated, of {', '.join(STARTS)} (second needs first)")
     args = parser.parse_args()
+    starts = [STARTS[name] for name in args.starts.split(",")]
+    if "second start" in starts and "first start" not in starts:
+        parser.error("--starts: a second start follows a first start")
     recipe = load_recipe(args.recipe)
     spec = resolve_model(recipe.model)
     backend = get_backend("cpu")
     if not reference_path(model_checksum(spec), eval_set_digest(EVAL_POSITIONS)).is_file():
         print("the fp32 reference, once (what a search leaves in the cache)", flush=True)
         backend.run(Job(kind=JobKind.REFERENCE, model=recipe.model, workload=recipe.data["workload"]), 3600)
-    rounds: dict[str, list[float]] = {k["name"]: [] for k in KINDS}
+    kinds = [k for k in KINDS if k["name"] in starts]
+    rounds: dict[str, list[float]] = {k["name"]: [] for k in kinds}
     logs: list[dict] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-startup-"))
     try:
         for r in range(args.rounds):
             cache = _fresh_cache(scratch)
-            for kind in KINDS:
+            for kind in kinds:
+                extra = {}
+                if kind["name"] == "after its trial":
+                    shutil.rmtree(cache, ignore_errors=True)
+                    cache = _fresh_cache(scratch)
+                    extra["trial_s"] = round(_trial(recipe, backend, cache), 1)
+                    print(f"round {r + 1}/{args.rounds}: the recipe's trial took {extra['trial_s']:.1f} s",
+                          flush=True)
                 seconds, lines = _start(args.recipe, args.port, cache)
                 rounds[kind["name"]].append(round(seconds, 1))
-                logs.append({"round": r + 1, "start": kind["name"], "seconds": round(seconds, 1),
+                logs.append({"round": r + 1, "start": kind["name"], "seconds": round(seconds, 1), **extra,
                              "log_tail": lines[-12:]})
                 print(f"round {r + 1}/{args.rounds} {kind['name']}: {seconds:.1f} s", flush=True)
             shutil.rmtree(cache, ignore_errors=True)
@@ -101,7 +139,7 @@ def main() -> int:
     fingerprint = backend.fingerprint()
     record = {"kind": "startup", "machine": machine(fingerprint),
               "recipe": {"path": args.recipe, "model": recipe.model, "label": recipe.config.label()},
-              "kinds": list(KINDS), "rounds": logs, "seconds": {name: spread(v) for name, v in rounds.items()}}
+              "kinds": kinds, "rounds": logs, "seconds": {name: spread(v) for name, v in rounds.items()}}
     write(f"bench_startup-{Path(recipe.model).name}-{fingerprint['hardware']}", record)
     print(startup_table(record))
     return 0
