@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 __all__ = ["render", "header", "search_block", "search_table", "search_summary", "serve_table", "peer_table",
-           "startup_table", "trials_table", "guide_table", "profile_table", "goodput_table"]
+           "startup_table", "trials_table", "guide_table", "profile_table", "goodput_table", "decode_batch_table"]
 
 
 def _range(s: dict, fmt: str = ".1f") -> str:
@@ -188,6 +188,20 @@ def goodput_table(record: dict) -> str:
     return _markdown(rows)
 
 
+def decode_batch_table(record: dict) -> str:
+    """bench_decode_batch.py: the O2 decode step from a package per batch bucket against one for every batch."""
+    rows = [["packages", "decode step at the full batch, ms, median (range)", "run s, median (range)",
+             "compile s (all the arm's packages)", "this / static"], ["---"] * 5]
+    static = record["arms"]["static"]["decode_step_ms"]["median"]
+    what = {"static": "one per batch bucket (static batch)", "dynamic": "one for every batch of 2 rows or more"}
+    for name, arm in record["arms"].items():
+        ratio = "-" if name == "static" else (f"{arm['decode_step_ms']['median'] / static:.3f}x, "
+                                              f"{_order(record['order'], 'slower', 'faster')}")
+        rows.append([what[name], _range(arm["decode_step_ms"], ".2f"), _range(arm["run_s"], ".3f"),
+                     f"{arm['compile_s']:.1f}", ratio])
+    return _markdown(rows)
+
+
 def _markdown(rows: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)
 
@@ -221,4 +235,4 @@ def render(record: dict) -> str:
 
 _RENDERERS = {"search": search_block, "serve": serve_table, "peer": peer_table, "startup": startup_table,
               "trials": trials_table, "guide": guide_table,
-              "profile": profile_table, "goodput": goodput_table}
+              "profile": profile_table, "goodput": goodput_table, "decode_batch": decode_batch_table}

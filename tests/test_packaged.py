@@ -70,6 +70,26 @@ def test_one_decode_package_takes_every_width_a_serving_step_has(first_build):
 
 
 @pytest.mark.slow
+def test_one_decode_package_serves_every_batch_bucket_of_two_rows_or_more(tmp_path):
+    """A serving runner of batch 4 decodes in buckets of 1, 2 and 4 rows: two decode packages (one row; every batch
+    of two or more), where dynamo keeps a graph per bucket, with torch.compile's tokens at each bucket."""
+    config = DeployConfig(fusion_level="O2", layers_per_subgraph=0, batch_size=4, page_size=16)
+    prompts = ([5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18])
+
+    def served(packages) -> tuple[list[list[int]], object]:
+        torch._dynamo.reset()
+        engine = build_engine(make_tiny_llama(num_hidden_layers=1), config, packages=packages)
+        runner = engine.runner(max_seq_len=64, bucketed=True)
+        runs = [runner.run([Request(p, 6, min_new_tokens=6) for p in prompts[:rows]]) for rows in (1, 2, 4)]
+        return [c.output_ids for run in runs for c in run], engine.packaged
+
+    tokens, packaged = served(tmp_path)
+    decodes = {stem for stem in packaged.ran if json.loads((tmp_path / f"{stem}.json").read_text())["kind"]
+               == "decode"}
+    assert len(decodes) == 2
+    assert served(None)[0] == tokens
+
+@pytest.mark.slow
 def test_a_corrupt_package_is_compiled_again_with_the_reason(first_build, tmp_path, capsys):
     folder, tokens, _ = first_build
     copy = tmp_path / "packages"

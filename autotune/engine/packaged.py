@@ -4,9 +4,9 @@ torch.compile cannot keep a frozen graph between processes: inductor's FX graph 
 weights prepacked for oneDNN ("mkldnn tensors unpickleable"; O2 on the CPU prepacks every linear layer) and AOT
 autograd's cache refuses freezing. AOTInductor compiles the same graph ahead of time, with the same inductor
 freezing, into a .pt2 package that holds the kernels, the C++ wrapper and the frozen (prepacked) constants; loading
-one takes milliseconds. Each segment entry (prefill, prompt chunk, decode at each batch bucket) and the head is
-exported on first use with the dimensions that the model's own table marks dynamic for dynamo (engine/model.py
-DYNAMIC_DIMS) marked so, the rest static, as dynamo's graphs are, compiled, written to the folder and loaded; a
+one takes milliseconds. Each segment entry (prefill, prompt chunk, decode) and the head is exported on first use
+with the dimensions that the model's own table marks dynamic for dynamo (engine/model.py DYNAMIC_DIMS) marked so,
+and a decode step's batch too (BATCH_DIMS), the rest static, compiled, written to the folder and loaded; a
 later start that meets the same inputs (structure, dtypes, static sizes) loads the package. A package that is
 corrupt or cannot be loaded is compiled again, with the reason in the log.
 
@@ -43,6 +43,16 @@ __all__ = ["PackagedGraphs", "package_graphs", "digests_path"]
 # constant pages mapped beside the copies it runs on, so a served O2 process's RSS is above its trial's, by clean
 # file-backed pages that the kernel may reclaim.
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
+
+# Beyond the model's table, a package of a decode step takes every batch of 2 rows or more: one package serves
+# every batch bucket (the runner still pads rows to them), where dynamo keeps a static graph per bucket
+# (engine/model.py). Each package is an AOTInductor compile of a minute or more on two cores, and a server of batch
+# 16 has five buckets. The batch dimension of each decode input, by name.
+BATCH_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
+    "decode": {"x": (0,), "cos": (0,), "sin": (0,), "slots": (0,), "block_table": (0,), "context_mask": (1,),
+               "window_mask": (1,), "local_cos": (0,), "local_sin": (0,)},
+}
+
 
 class _SegmentStep(nn.Module):
     """One segment entry with the step's tensors as a dict, as torch.export takes them (StepInputs is no pytree)."""
@@ -163,8 +173,9 @@ class PackagedGraphs:
     def _compile(self, signature: str, name: str, kind: str, module: nn.Module, args: tuple,
                  leaves: list) -> list:
         started = time.perf_counter()
-        dynamic = DYNAMIC_DIMS[kind]
-        dims = [{d: Dim.AUTO for d in dynamic.get(leaf_name, ()) if leaf.shape[d] >= 2}
+        dynamic = {name: DYNAMIC_DIMS[kind].get(name, ()) + BATCH_DIMS.get(kind, {}).get(name, ())
+                   for name in _leaf_names(args)}
+        dims = [{d: Dim.AUTO for d in dynamic[leaf_name] if leaf.shape[d] >= 2}
                 for leaf_name, leaf in zip(_leaf_names(args), leaves)]
         dynamic_shapes = pytree.tree_unflatten(dims, pytree.tree_flatten(args)[1])
         # The step runs under inference_mode; export traces outside it, without autograd, on copies of its inference
