@@ -48,7 +48,8 @@ def test_the_first_start_measures_the_packaged_program_and_later_ones_read_it(se
     assert check["throughput_tok_s"] > 0 and check["peak_memory_mb"] > 0
     assert json.loads((folder / CHECK).read_text()) == check
     # The decode check ran every graph the server's warm-up runs: the prefill of one prompt and of several, the
-    # prompt chunk, a decode graph per batch bucket (1 and 2), the head of one row and of several.
+    # prompt chunk, the decode (one package for every batch; a lone row is padded to 2), the head of one row and of
+    # several.
     served = served_graphs(engine, MAX_SEQ_LEN)
     assert "unchecked" not in check and served <= set(check["graphs"]) and len(served) >= 6
     assert engine.packaged.checked == set(check["graphs"]) and engine.packaged.num_compiled >= len(served)

@@ -70,9 +70,9 @@ def test_one_decode_package_takes_every_width_a_serving_step_has(first_build):
 
 
 @pytest.mark.slow
-def test_one_decode_package_serves_every_batch_bucket_of_two_rows_or_more(tmp_path):
-    """A serving runner of batch 4 decodes in buckets of 1, 2 and 4 rows: two decode packages (one row; every batch
-    of two or more), where dynamo keeps a graph per bucket, with torch.compile's tokens at each bucket."""
+def test_one_decode_package_serves_every_batch_bucket(tmp_path):
+    """A serving runner of batch 4 decodes in buckets of 2 and 4 rows, a lone row padded to 2: one decode package
+    for all of them, where dynamo keeps a graph per bucket (1, 2 and 4), with torch.compile's tokens at each."""
     config = DeployConfig(fusion_level="O2", layers_per_subgraph=0, batch_size=4, page_size=16)
     prompts = ([5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18])
 
@@ -86,7 +86,7 @@ def test_one_decode_package_serves_every_batch_bucket_of_two_rows_or_more(tmp_pa
     tokens, packaged = served(tmp_path)
     decodes = {stem for stem in packaged.ran if json.loads((tmp_path / f"{stem}.json").read_text())["kind"]
                == "decode"}
-    assert len(decodes) == 2
+    assert len(decodes) == 1
     assert served(None)[0] == tokens
 
 @pytest.mark.slow
@@ -122,3 +122,16 @@ def test_a_package_folder_made_under_another_key_is_emptied(tmp_path, capsys):
 
 def test_only_o2_on_the_cpu_is_packaged(tmp_path):
     assert StartupCache(tmp_path, {}, packaged=False).packages() is None
+
+
+def test_a_packaged_engines_serving_runner_pads_a_lone_row_and_warms_a_lone_prompt(monkeypatch):
+    engine = build_engine(make_tiny_llama(num_hidden_layers=1), DeployConfig(batch_size=4, page_size=16))
+    assert engine.runner(max_seq_len=64, bucketed=True).buckets == (1, 2, 4)  # eager: no packages
+    monkeypatch.setattr(engine, "packaged", object())
+    runner = engine.runner(max_seq_len=64, bucketed=True)
+    assert runner.buckets == (2, 4) and engine.runner(max_seq_len=64).buckets == (4,)
+    runner.pad_batch = True  # as a compiled engine's (this one is eager: warm-up is all that is looked at here)
+    batches: list[int] = []
+    monkeypatch.setattr(runner, "run", lambda requests: batches.append(len(requests)) or [])
+    runner.warm_up()
+    assert batches == [1, 2, 4]  # a lone prompt's prefill first, then each bucket

@@ -78,7 +78,8 @@ class Engine:
                                      max_seq_len=max_seq_len, max_batch=batch, pool_tokens=pool_tokens)
         # Compiled graphs want few shapes: pad the batch to a bucket rather than recompile as rows come and go.
         return Runner(self.model, cache, batch, pad_batch=self.compiled, prefill_chunk=prefill_chunk,
-                      bucketed=bucketed, dynamic_context=bucketed and self.on_cpu)
+                      bucketed=bucketed, dynamic_context=bucketed and self.on_cpu,
+                      min_bucket=2 if self.packaged is not None else 1)
 
 
 def _compile_settings(model: EngineModel, config: DeployConfig, cpu_mode: str | None) -> None:

@@ -45,9 +45,9 @@ __all__ = ["PackagedGraphs", "package_graphs", "digests_path"]
 INDUCTOR_CONFIGS: dict[str, Any] = {"freezing": True}
 
 # Beyond the model's table, a package of a decode step takes every batch of 2 rows or more: one package serves
-# every batch bucket (the runner still pads rows to them), where dynamo keeps a static graph per bucket
-# (engine/model.py). Each package is an AOTInductor compile of a minute or more on two cores, and a server of batch
-# 16 has five buckets. The batch dimension of each decode input, by name.
+# every batch bucket (the runner still pads rows to them, a lone row to 2: Engine.runner), where dynamo keeps a
+# static graph per bucket (engine/model.py). Each package is an AOTInductor compile of a minute or more on two
+# cores, and a server of batch 16 has five buckets. The batch dimension of each decode input, by name.
 BATCH_DIMS: dict[str, dict[str, tuple[int, ...]]] = {
     "decode": {"x": (0,), "cos": (0,), "sin": (0,), "slots": (0,), "block_table": (0,), "context_mask": (1,),
                "window_mask": (1,), "local_cos": (0,), "local_sin": (0,)},

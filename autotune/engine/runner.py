@@ -41,13 +41,18 @@ class Runner(SteppedRunner):
     (`_decode_pages`)."""
 
     def __init__(self, model: EngineModel, cache: PagedKVCache, max_batch: int, pad_batch: bool = False,
-                 prefill_chunk: int | None = None, bucketed: bool = False, dynamic_context: bool = False) -> None:
+                 prefill_chunk: int | None = None, bucketed: bool = False, dynamic_context: bool = False,
+                 min_bucket: int = 1) -> None:
         self.scheduler = Scheduler(cache, max_batch, prefill_chunk)
         self.model, self.cache, self.max_batch, self.pad_batch = model, cache, max_batch, pad_batch
         # Offline (benchmark, gate) one bucket: the batch stays full but for its tail, and every extra graph is
         # compile time inside a trial (and under O2 a frozen copy of the weights); serving, where few requests
         # often run, pays that once at start-up.
-        self.buckets = batch_buckets(max_batch) if bucketed else (max_batch,)
+        # `min_bucket`: where one graph serves every batch from 2 rows (O2's packages: engine/packaged.py), a lone
+        # row is padded to 2 rather than given a graph of its own, compiled at start-up.
+        self.buckets = tuple(b for b in batch_buckets(max_batch) if b >= min(min_bucket, max_batch)) if bucketed \
+            else (max_batch,)
+        self._lone_padded = bucketed and self.buckets[0] > 1
         self.dynamic_context = dynamic_context
         self.sampler = Sampler(model.lm_head.weight.device)  # where the logits are: the noise is drawn there
         model.attach(cache)
@@ -182,9 +187,11 @@ class Runner(SteppedRunner):
     def warm_up(self, prompt_tokens: int = 16) -> None:
         """Run what a compiled engine compiles a graph for, so that it compiles here rather than on a user's request:
         each decode bucket, after a prefill of as many prompts (token ids of no meaning; one prompt and several
-        are different graphs), and with `prefill_chunk` a prompt longer than it (a first chunk, then a later one)."""
+        are different graphs, so a lone prompt first where a lone row is padded to a bucket of more), and with
+        `prefill_chunk` a prompt longer than it (a first chunk, then a later one)."""
         room = self.cache.max_seq_len - 2  # each warm-up request writes its prompt and two tokens
-        for rows in self.buckets if self.pad_batch else (self.max_batch,):
+        buckets = self.buckets if self.pad_batch else (self.max_batch,)
+        for rows in ((1,) if self._lone_padded else ()) + buckets:
             # Prompt lengths differ from one bucket to the next: prefill meets both of its dynamic dimensions.
             length = max(1, min(prompt_tokens + rows, room))
             self.run([Request([1] * length, 2, min_new_tokens=2) for _ in range(rows)])

@@ -63,7 +63,7 @@ def served_decode_check(runner: Runner, eos_token_id: int | None, reference: Ref
     def greedy_ids(chunk: list[int]) -> list[list[int]]:
         done: dict[int, Completion] = {}
         rest = list(chunk)
-        for size in runner.buckets:
+        for size in sorted({1, *runner.buckets}):  # a lone prompt too, where no bucket is of one row
             if len(rest) <= size:
                 break  # what is left arrives a step apart
             group, rest = rest[:size], rest[size:]
