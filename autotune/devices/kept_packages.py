@@ -1,14 +1,15 @@
 """O2's AOTInductor packages (engine/packaged.py) kept by what was built, not by the recipe, so that the packages
 a trial compiled are the ones a later `autotune serve` of the recipe made from that trial loads: on the machine
-that searched, the first start compiles only the serving graphs that the trial did not run (the smaller decode
-buckets, the prefill of a single prompt, the prompt chunk) instead of all of them.
+that searched, the first start compiles only the serving graphs that the trial did not run (the prefill of a lone
+prompt and its head, the prompt chunk) instead of all of them.
 
 The key is everything the packages' content depends on: the configuration (its digest: every knob), the layers
 kept unquantized, the weights, the build code and the libraries, this machine's hardware class and rounding facts,
 and the backend. A package is matched within its folder by its inputs (engine/packaged.py), so one folder serves
 every shape the build meets. Each package holds its graph's frozen weights, so a folder is a few times the model's
 size: at most KEPT_BUILDS folders are kept, the least recently used removed first, and none is kept where the disk
-has less than MIN_FREE_BYTES free (the build then uses a scratch folder, removed with it)."""
+has less than MIN_FREE_BYTES free (a trial then builds in a scratch folder, removed with it; a server keeps its
+packages in its recipe's start-up bundle, as before there were kept builds)."""
 from __future__ import annotations
 
 import hashlib

@@ -92,8 +92,8 @@ class StartupCache:
 
     def packages(self) -> Path | None:
         """The folder of O2's AOTInductor packages (engine/packaged.py) when this start is served from them: the
-        one its builder keeps (`packages_folder`, made under `packages_key`: devices/kept_packages.py), else the
-        `o2` folder of this bundle, under its key (keyed_packages)."""
+        one kept by what was built (`packages_folder`: devices/kept_packages.py), else the `o2` folder of this
+        bundle, under its key (keyed_packages)."""
         if not self.packaged:
             return None
         if self.packages_folder is not None:
